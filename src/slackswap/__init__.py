@@ -1,0 +1,21 @@
+"""slackswap: plan, simulate and run keep / swap / recompute of saved activations."""
+
+from .errors import (
+    BudgetError, InfeasiblePlanError, MissingExtraError, PlanMismatchError, SlackswapError,
+    UnknownNameError, ValidationError,
+)
+from .hardware import PRESETS as HARDWARE_PRESETS, Hardware, get_hardware
+from .plan import Action, Plan
+from .schedule import make_plan
+from .sim import simulate, simulate_ideal
+from .timeline import Event, Timeline
+from .workload import Op, Tensor, Workload
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Action", "BudgetError", "Event", "HARDWARE_PRESETS", "Hardware", "InfeasiblePlanError",
+    "MissingExtraError", "Op", "Plan", "PlanMismatchError", "SlackswapError", "Tensor", "Timeline",
+    "UnknownNameError", "ValidationError", "Workload", "get_hardware", "make_plan", "simulate",
+    "simulate_ideal", "__version__",
+]

@@ -1,0 +1,177 @@
+"""Turn per-tensor actions into an executable Plan: recompute groups and prefetch steps.
+
+Both are pure functions of the workload, the actions and (for prefetch timing) the
+hardware, so every planner shares one definition and a loaded plan can be checked.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from .errors import ValidationError
+from .hardware import Hardware
+from .plan import Action, Plan
+from .workload import Workload
+
+
+def first_use_step(workload: Workload, name: str) -> int:
+    """Backward step of the first backward read of a saved tensor."""
+    n = len(workload.ops)
+    latest_reader = max(workload.op_index[r] for r in workload.tensor_by_name[name].bwd_readers)
+    return n - 1 - latest_reader
+
+
+def derive_recompute_groups(
+    workload: Workload, actions: Mapping[str, Action], prefetch_step: Mapping[str, int]
+) -> dict[str, tuple[str, ...]]:
+    """For each backward step, the forward ops to re-run before it, in execution order.
+
+    Walks the backward pass and tracks which tensors are on the device: step inputs
+    (always), KEEP tensors until their last backward reader, SWAP tensors from their
+    prefetch step until their last reader, and RECOMPUTE tensors from the group that
+    rebuilt them until their last reader. A tensor a backward op needs that is not
+    there is rebuilt by re-running its producer, recursively through producers whose
+    inputs are not there either ("from the nearest tensors still resident"). Outputs
+    of a group that are RECOMPUTE tensors with readers left stay resident; every
+    other output of a group is discarded when the group ends.
+    """
+    ops = workload.ops
+    n = len(ops)
+    by_name = workload.tensor_by_name
+    last_reader = workload.last_bwd_reader
+    resident: set[str] = {t.name for t in workload.tensors if t.producer is None}
+    resident |= {name for name, a in actions.items() if a is Action.KEEP}
+    arrivals: dict[int, list[str]] = {}
+    for name, step in prefetch_step.items():
+        arrivals.setdefault(step, []).append(name)
+    groups: dict[str, tuple[str, ...]] = {}
+    for k in range(n):
+        op_i = n - 1 - k
+        bwd_op = ops[op_i]
+        resident.update(arrivals.get(k, ()))
+        group: list[str] = []
+        in_group: set[str] = set()
+        temps: set[str] = set()
+
+        def rebuild(name: str) -> None:
+            producer = by_name[name].producer
+            if producer is None:
+                raise ValidationError(f"step input {name!r} is needed but not resident")
+            if producer in in_group:
+                return
+            for dep in ops[workload.op_index[producer]].inputs:
+                if dep not in resident and dep not in temps:
+                    rebuild(dep)
+            group.append(producer)
+            in_group.add(producer)
+            temps.update(ops[workload.op_index[producer]].outputs)
+
+        for name in workload.bwd_reads[bwd_op.name]:
+            if name in resident or name in temps:
+                continue
+            if actions.get(name) is not Action.RECOMPUTE:
+                raise ValidationError(
+                    f"backward of {bwd_op.name!r} needs {name!r} ({actions.get(name, 'no action')}), "
+                    "which is not on the device at that step: prefetch it earlier or recompute it"
+                )
+            rebuild(name)
+        if group:
+            group.sort(key=workload.op_index.__getitem__)
+            groups[bwd_op.name] = tuple(group)
+            for name in temps:
+                if actions.get(name) is Action.RECOMPUTE and last_reader[name] <= op_i:
+                    resident.add(name)
+        for name in workload.bwd_reads[bwd_op.name]:
+            if last_reader[name] == op_i and by_name[name].producer is not None:
+                resident.discard(name)
+    return groups
+
+
+def backward_step_starts_s(
+    workload: Workload, groups: Mapping[str, tuple[str, ...]]
+) -> list[float]:
+    """Start time of each backward step, measured from the end of the forward pass, with no stalls."""
+    ops = workload.ops
+    n = len(ops)
+    starts = []
+    now = 0.0
+    for k in range(n):
+        starts.append(now)
+        bwd_op = ops[n - 1 - k]
+        now += sum(ops[workload.op_index[g]].fwd_time_s for g in groups.get(bwd_op.name, ()))
+        now += bwd_op.bwd_time_s
+    return starts
+
+
+def h2d_copy_time_s(hardware: Hardware, size_bytes: int) -> float:
+    return hardware.copy_latency_s + size_bytes / hardware.h2d_bytes_per_s
+
+
+def prefetch_alap(
+    workload: Workload,
+    actions: Mapping[str, Action],
+    hardware: Hardware,
+    *,
+    lead_s: float = 0.0,
+) -> dict[str, int]:
+    """Issue each copy back as late as it can go and still land before its first use.
+
+    Swapped tensors are ordered by first use; working from the last one back, each
+    copy must end before its own first use and before the next copy on the in-order
+    H2D stream starts. Its prefetch step is the latest backward step that starts no
+    later than the copy must start (minus ``lead_s`` of margin). Late issue keeps
+    prefetched tensors from holding memory long before they are needed. Recompute
+    time is not counted in the step starts used here: it only makes steps longer,
+    so copies land earlier than planned, never later.
+    """
+    swapped = [name for name, a in actions.items() if a is Action.SWAP]
+    if not swapped:
+        return {}
+    starts = backward_step_starts_s(workload, {})
+    first_use = {name: first_use_step(workload, name) for name in swapped}
+    production = {t.name: i for i, t in enumerate(workload.saved_tensors)}
+    order = sorted(swapped, key=lambda name: (first_use[name], production[name]))
+    result: dict[str, int] = {}
+    next_copy_start = float("inf")
+    for name in reversed(order):
+        use = first_use[name]
+        must_end = min(starts[use], next_copy_start)
+        must_start = must_end - h2d_copy_time_s(hardware, workload.tensor_by_name[name].size_bytes) - lead_s
+        step = use
+        while step > 0 and starts[step] > must_start:
+            step -= 1
+        result[name] = step
+        # Issued at that step's start, the copy may begin as early as starts[step]; the copy
+        # before it on the stream must be done by then so as not to delay it.
+        next_copy_start = starts[step]
+    return result
+
+
+def make_plan(
+    workload: Workload,
+    actions: Mapping[str, Action],
+    *,
+    policy: str,
+    budget_bytes: int | None,
+    hardware: Hardware | None = None,
+    prefetch_step: Mapping[str, int] | None = None,
+    info: Mapping[str, Any] | None = None,
+) -> Plan:
+    """Complete a set of actions into a Plan: default every unnamed saved tensor to KEEP,
+    choose prefetch steps (as late as possible on ``hardware``, or at first use without
+    one) and derive the recompute groups."""
+    full = {t.name: actions.get(t.name, Action.KEEP) for t in workload.saved_tensors}
+    unknown = set(actions) - set(full)
+    if unknown:
+        raise ValidationError(f"actions name tensors the workload does not save: {sorted(unknown)[:3]}")
+    if prefetch_step is None:
+        if hardware is not None:
+            prefetch_step = prefetch_alap(workload, full, hardware)
+        else:
+            prefetch_step = {n: first_use_step(workload, n) for n, a in full.items() if a is Action.SWAP}
+    groups = derive_recompute_groups(workload, full, prefetch_step)
+    return Plan(
+        workload_name=workload.name, workload_fingerprint=workload.fingerprint, policy=policy,
+        budget_bytes=budget_bytes, actions=full, prefetch_step=dict(prefetch_step),
+        recompute_groups=groups, info=dict(info or {}),
+    )

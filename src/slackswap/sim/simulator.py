@@ -1,0 +1,390 @@
+"""Event-by-event simulation of one training step: one compute stream, two copy streams.
+
+The exact rules are written in docs/simulator.md; this file implements them. Events
+are ordered by (time, sequence number) so equal times resolve in the order they were
+scheduled, which makes every run bit-for-bit repeatable.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+
+from ..errors import InfeasiblePlanError
+from ..hardware import Hardware
+from ..plan import Action, Plan, check_plan
+from ..schedule import first_use_step, make_plan
+from ..timeline import Event, Timeline
+from ..units import format_bytes
+from ..workload import Workload
+
+_FORWARD, _RECOMPUTE, _BACKWARD = "forward", "recompute", "backward"
+
+
+@dataclass(slots=True)
+class _Task:
+    kind: str
+    op_index: int
+    step: int  # backward step, -1 in forward
+    first_of_step: bool = False
+    last_of_group: bool = False
+
+
+@dataclass(slots=True)
+class _Copy:
+    """A copy in flight. Its rate may change while it runs (duplex slowdown), so it keeps
+    the bytes still to move and a generation number that invalidates stale end events."""
+
+    tensor: str
+    size_bytes: int
+    start_s: float
+    transfer_start_s: float
+    base_rate: float
+    remaining: float
+    rate: float = 0.0
+    last_s: float = 0.0
+    generation: int = 0
+    end_s: float = field(default=math.inf)
+
+
+class _Simulation:
+    def __init__(self, workload: Workload, hardware: Hardware, plan: Plan, budget_bytes: float) -> None:
+        self.w = workload
+        self.hw = hardware
+        self.plan = plan
+        self.actions = plan.actions
+        self.budget = budget_bytes
+        self.size = {t.name: t.size_bytes for t in workload.tensors}
+        self.saved = {t.name for t in workload.saved_tensors}
+        self.step_inputs = [t.name for t in workload.tensors if t.producer is None and t.is_saved]
+        n = len(workload.ops)
+        self.n = n
+        self.tasks = self._build_tasks()
+        self.heap: list = []
+        self.seq = 0
+        self.now = 0.0
+        self.mem = 0
+        self.peak = 0
+        self.present: set[str] = set()
+        self.events: list[Event] = []
+        self.memory: list[tuple[float, int]] = [(0.0, 0)]
+        # compute stream
+        self.ci = 0
+        self.compute_busy = False
+        self.idle_since = 0.0
+        self.data_ready_at: float | None = None
+        self.group_allocs: list[str] = []
+        self.fwd_done_upto = -1  # index of the last completed forward op
+        self.triggered_step = -1
+        # copy streams
+        self.d2h_queue: list[str] = []
+        self.d2h_head = 0
+        self.d2h: _Copy | None = None
+        self.d2h_done: set[str] = set()
+        swapped = [t.name for t in workload.saved_tensors if self.actions[t.name] is Action.SWAP]
+        production = {t.name: i for i, t in enumerate(workload.saved_tensors)}
+        self.h2d_order = sorted(
+            swapped, key=lambda s: (plan.prefetch_step[s], first_use_step(workload, s), production[s])
+        )
+        self.h2d_head = 0
+        self.h2d: _Copy | None = None
+        self.h2d_done: set[str] = set()
+        self.h2d_started: set[str] = set()
+        # totals
+        self.d2h_bytes = 0
+        self.h2d_bytes = 0
+        self.recompute_time = 0.0
+        self.stall_copy = 0.0
+        self.stall_memory = 0.0
+
+    # ---- setup ----------------------------------------------------------------------
+    def _build_tasks(self) -> list[_Task]:
+        ops = self.w.ops
+        tasks = [_Task(_FORWARD, i, -1) for i in range(self.n)]
+        for k in range(self.n):
+            op_i = self.n - 1 - k
+            group = self.plan.recompute_groups.get(ops[op_i].name, ())
+            first = True
+            for j, name in enumerate(group):
+                tasks.append(_Task(_RECOMPUTE, self.w.op_index[name], k, first, j == len(group) - 1))
+                first = False
+            tasks.append(_Task(_BACKWARD, op_i, k, first))
+        return tasks
+
+    # ---- memory -----------------------------------------------------------------------
+    def _alloc(self, names: list[str]) -> None:
+        for name in names:
+            self.present.add(name)
+            self.mem += self.size[name]
+        if names:
+            self.peak = max(self.peak, self.mem)
+            self.memory.append((self.now, self.mem))
+
+    def _free(self, name: str) -> None:
+        if name in self.present:
+            self.present.discard(name)
+            self.mem -= self.size[name]
+            self.memory.append((self.now, self.mem))
+
+    def _fits(self, nbytes: int) -> bool:
+        return self.mem + nbytes <= self.budget
+
+    # ---- event queue ------------------------------------------------------------------
+    def _push(self, time_s: float, kind: str, payload) -> None:
+        heapq.heappush(self.heap, (time_s, self.seq, kind, payload))
+        self.seq += 1
+
+    # ---- copies -------------------------------------------------------------------------
+    def _rate_of(self, direction: str) -> float:
+        if direction == "d2h":
+            slow = self.hw.duplex_d2h_factor if self.h2d is not None else 1.0
+            return self.hw.d2h_bytes_per_s * slow
+        slow = self.hw.duplex_h2d_factor if self.d2h is not None else 1.0
+        return self.hw.h2d_bytes_per_s * slow
+
+    def _advance(self, copy: _Copy) -> None:
+        """Account the bytes moved since the copy's last update."""
+        begin = max(copy.last_s, copy.transfer_start_s)
+        if self.now > begin:
+            copy.remaining = max(0.0, copy.remaining - (self.now - begin) * copy.rate)
+        copy.last_s = self.now
+
+    def _schedule_end(self, copy: _Copy, direction: str) -> None:
+        copy.generation += 1
+        copy.end_s = max(self.now, copy.transfer_start_s) + copy.remaining / copy.rate
+        self._push(copy.end_s, direction + "_end", (copy, copy.generation))
+
+    def _rerate(self, direction: str) -> None:
+        """The other direction started or stopped: re-time the copy in flight this way."""
+        copy = self.d2h if direction == "d2h" else self.h2d
+        if copy is None:
+            return
+        new_rate = self._rate_of(direction)
+        if new_rate == copy.rate:
+            return
+        self._advance(copy)
+        copy.rate = new_rate
+        self._schedule_end(copy, direction)
+
+    def _start_copy(self, direction: str, tensor: str) -> _Copy:
+        size = self.size[tensor]
+        copy = _Copy(tensor, size, self.now, self.now + self.hw.copy_latency_s, 0.0, float(size), last_s=self.now)
+        if direction == "d2h":
+            self.d2h = copy
+        else:
+            self.h2d = copy
+        copy.rate = self._rate_of(direction)
+        self._schedule_end(copy, direction)
+        self._rerate("h2d" if direction == "d2h" else "d2h")
+        return copy
+
+    def _try_d2h(self) -> bool:
+        if self.d2h is not None or self.d2h_head >= len(self.d2h_queue):
+            return False
+        tensor = self.d2h_queue[self.d2h_head]
+        self.d2h_head += 1
+        self._start_copy("d2h", tensor)
+        return True
+
+    def _try_h2d(self) -> bool:
+        if self.h2d is not None or self.h2d_head >= len(self.h2d_order):
+            return False
+        tensor = self.h2d_order[self.h2d_head]
+        if self.plan.prefetch_step[tensor] > self.triggered_step or tensor not in self.d2h_done:
+            return False
+        if not self._fits(self.size[tensor]):
+            return False
+        self.h2d_head += 1
+        self._alloc([tensor])
+        self.h2d_started.add(tensor)
+        self._start_copy("h2d", tensor)
+        return True
+
+    def _end_copy(self, direction: str, copy: _Copy) -> None:
+        self.events.append(Event(direction, "copy_out" if direction == "d2h" else "copy_in", copy.tensor,
+                                 copy.start_s, self.now, copy.size_bytes, self._current_step()))
+        if direction == "d2h":
+            self.d2h = None
+            self.d2h_bytes += copy.size_bytes
+            self.d2h_done.add(copy.tensor)
+            if self.w.last_fwd_use[copy.tensor] <= self.fwd_done_upto:
+                self._free(copy.tensor)
+            self._rerate("h2d")
+        else:
+            self.h2d = None
+            self.h2d_bytes += copy.size_bytes
+            self.h2d_done.add(copy.tensor)
+            self._rerate("d2h")
+
+    def _current_step(self) -> int:
+        return self.tasks[self.ci].step if self.ci < len(self.tasks) else self.n
+
+    # ---- compute stream -----------------------------------------------------------------
+    def _backward_inputs_pending(self, task: _Task) -> bool:
+        """A backward op waits until every swapped tensor it reads is back on the device."""
+        for name in self.w.bwd_reads[self.w.ops[task.op_index].name]:
+            if self.actions[name] is Action.SWAP and name not in self.h2d_done:
+                return True
+        return False
+
+    def _allocation(self, task: _Task) -> list[str]:
+        if task.kind == _BACKWARD:
+            return []
+        op = self.w.ops[task.op_index]
+        return [o for o in op.outputs if o in self.saved and o not in self.present]
+
+    def _try_compute(self) -> bool:
+        if self.compute_busy or self.ci >= len(self.tasks):
+            return False
+        task = self.tasks[self.ci]
+        if self.data_ready_at is None:
+            if task.kind == _RECOMPUTE and self._swap_inputs_pending(task):
+                return False
+            if task.kind == _BACKWARD and self._backward_inputs_pending(task):
+                return False
+            self.data_ready_at = self.now
+        alloc = self._allocation(task)
+        if not self._fits(sum(self.size[a] for a in alloc)):
+            return False
+        # start the task
+        op = self.w.ops[task.op_index]
+        if self.data_ready_at > self.idle_since:
+            self.stall_copy += self.data_ready_at - self.idle_since
+            self.events.append(Event("compute", "stall_copy", op.name, self.idle_since, self.data_ready_at, 0, task.step))
+        if self.now > self.data_ready_at:
+            self.stall_memory += self.now - self.data_ready_at
+            self.events.append(Event("compute", "stall_memory", op.name, self.data_ready_at, self.now, 0, task.step))
+        self._alloc(alloc)
+        if task.kind == _RECOMPUTE:
+            self.group_allocs.extend(alloc)
+        duration = op.bwd_time_s if task.kind == _BACKWARD else op.fwd_time_s
+        self.compute_busy = True
+        self._push(self.now + duration, "compute_end", (task, self.now, sum(self.size[a] for a in alloc)))
+        return True
+
+    def _swap_inputs_pending(self, task: _Task) -> bool:
+        """A recompute op waits for inputs whose copy back has been issued for this step or earlier."""
+        for name in self.w.ops[task.op_index].inputs:
+            if (self.actions.get(name) is Action.SWAP and self.plan.prefetch_step[name] <= task.step
+                    and name not in self.h2d_done):
+                return True
+        return False
+
+    def _end_compute(self, task: _Task, start_s: float, alloc_bytes: int) -> None:
+        op = self.w.ops[task.op_index]
+        self.events.append(Event("compute", task.kind, op.name, start_s, self.now, alloc_bytes, task.step))
+        if task.kind == _FORWARD:
+            self.fwd_done_upto = task.op_index
+            for name in op.outputs:
+                if name in self.saved and self.actions[name] is Action.SWAP:
+                    self.d2h_queue.append(name)
+            for name in op.inputs + op.outputs:
+                if self.w.last_fwd_use[name] != task.op_index or name not in self.saved:
+                    continue
+                action = self.actions[name]
+                if action is Action.RECOMPUTE or (action is Action.SWAP and name in self.d2h_done):
+                    self._free(name)
+        elif task.kind == _RECOMPUTE:
+            self.recompute_time += op.fwd_time_s
+            if task.last_of_group:
+                current = self.n - 1 - task.step
+                for name in self.group_allocs:
+                    keep = self.actions[name] is Action.RECOMPUTE and self.w.last_bwd_reader[name] <= current
+                    if not keep:
+                        self._free(name)
+                self.group_allocs = []
+        else:
+            for name in self.w.bwd_reads[op.name]:
+                if self.w.last_bwd_reader[name] == task.op_index and self.w.tensor_by_name[name].producer is not None:
+                    self._free(name)
+        self.compute_busy = False
+        self.ci += 1
+        self.idle_since = self.now
+        self.data_ready_at = None
+        if self.ci < len(self.tasks) and self.tasks[self.ci].first_of_step:
+            self.triggered_step = self.tasks[self.ci].step
+
+    # ---- main loop ----------------------------------------------------------------------
+    def _dispatch(self) -> None:
+        progress = True
+        while progress:
+            progress = self._try_compute()
+            progress = self._try_d2h() or progress
+            progress = self._try_h2d() or progress
+
+    def run(self) -> None:
+        self._alloc(list(self.step_inputs))
+        self._dispatch()
+        while self._drop_stale():
+            # Handle every event due at this instant before starting anything, so memory
+            # freed at time t is available to work that starts at time t.
+            self.now = self.heap[0][0]
+            while self._drop_stale() and self.heap[0][0] == self.now:
+                _, _, kind, payload = heapq.heappop(self.heap)
+                if kind == "compute_end":
+                    self._end_compute(*payload)
+                else:
+                    self._end_copy(kind[:3], payload[0])
+            self._dispatch()
+        if self.ci < len(self.tasks):
+            self._raise_infeasible()
+
+    def _drop_stale(self) -> bool:
+        """Discard copy ends re-timed by a change of the other direction; True if events remain."""
+        heap = self.heap
+        while heap and heap[0][2] != "compute_end" and heap[0][3][1] != heap[0][3][0].generation:
+            heapq.heappop(heap)
+        return bool(heap)
+
+    def _raise_infeasible(self) -> None:
+        task = self.tasks[self.ci]
+        op = self.w.ops[task.op_index]
+        budget = int(self.budget)
+        if self.data_ready_at is not None:
+            need = self.mem + sum(self.size[a] for a in self._allocation(task))
+            what = f"{task.kind} of {op.name!r}"
+        else:
+            head = self.h2d_order[self.h2d_head] if self.h2d_head < len(self.h2d_order) else None
+            need = self.mem + (self.size[head] if head else 0)
+            what = f"the copy back of {head!r} that {task.kind} of {op.name!r} waits for"
+        raise InfeasiblePlanError(
+            f"plan cannot fit its budget: {what} needs {format_bytes(need)} ({need} bytes) "
+            f"with {format_bytes(budget)} ({budget} bytes) allowed and nothing left to free; "
+            "raise the budget or plan again for this budget",
+            needed_bytes=need, budget_bytes=budget,
+        )
+
+
+def simulate(
+    workload: Workload,
+    hardware: Hardware,
+    plan: Plan,
+    budget_bytes: int | None = None,
+    *,
+    check: bool = True,
+) -> Timeline:
+    """Simulate one training step of ``workload`` on ``hardware`` under ``plan``.
+
+    ``budget_bytes`` defaults to the plan's own budget; None on both means no limit.
+    Raises InfeasiblePlanError when the plan can never fit the budget.
+    """
+    if check:
+        check_plan(workload, plan)
+    if budget_bytes is None:
+        budget_bytes = plan.budget_bytes
+    sim = _Simulation(workload, hardware, plan, math.inf if budget_bytes is None else budget_bytes)
+    sim.run()
+    return Timeline(
+        workload_name=workload.name, hardware_name=hardware.name, policy=plan.policy,
+        budget_bytes=budget_bytes, step_time_s=sim.now, ideal_step_time_s=workload.ideal_step_time_s,
+        peak_memory_bytes=sim.peak, d2h_bytes=sim.d2h_bytes, h2d_bytes=sim.h2d_bytes,
+        recompute_time_s=sim.recompute_time, stall_copy_s=sim.stall_copy, stall_memory_s=sim.stall_memory,
+        events=tuple(sim.events), memory=tuple(sim.memory),
+    )
+
+
+def simulate_ideal(workload: Workload, hardware: Hardware) -> Timeline:
+    """Everything kept, no limit: the reference step time and the unconstrained peak."""
+    plan = make_plan(workload, {}, policy="ideal", budget_bytes=None)
+    return simulate(workload, hardware, plan, check=False)

@@ -1,0 +1,252 @@
+"""Workload: what one training step does.
+
+A workload is the ordered list of forward ops of one step and the tensors they
+produce. A tensor is *saved* when at least one op's backward reads it
+(``bwd_readers`` non-empty); only saved tensors occupy the activation budget and
+receive an action in a Plan. Unsaved tensors are transient: they matter only as
+links in a recompute chain (for example the attention scores between QK^T and
+softmax). The backward pass runs the ops in reverse order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Mapping
+
+from ._fields import Fields, read_json_file, write_text_atomic
+from .errors import ValidationError
+
+WORKLOAD_FORMAT = "slackswap.workload/1"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Tensor:
+    name: str
+    size_bytes: int
+    producer: str | None
+    """Forward op whose output this is; None for a step input (always resident, never recomputed)."""
+    bwd_readers: tuple[str, ...] = ()
+    """Ops whose backward reads this tensor. Empty: transient, not saved for backward."""
+
+    @property
+    def is_saved(self) -> bool:
+        return bool(self.bwd_readers)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Op:
+    name: str
+    layer: int
+    """Layer index; -1 for ops before the first layer (embedding), L for ops after the last."""
+    kind: str
+    """Free-form category such as 'gemm', 'attention', 'norm', 'elementwise', 'loss'."""
+    fwd_time_s: float
+    bwd_time_s: float
+    flops: float
+    """Forward FLOPs (a multiply-add counts 2)."""
+    bytes_accessed: float
+    """Forward bytes read and written in device memory."""
+    inputs: tuple[str, ...] = ()
+    outputs: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Workload:
+    name: str
+    ops: tuple[Op, ...]
+    tensors: tuple[Tensor, ...]
+    meta: Mapping[str, Any] = field(default_factory=dict, hash=False, compare=False)
+    """Free-form description of how the workload was made (model config, source)."""
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+    # ---- indices, computed once -------------------------------------------------
+    @cached_property
+    def op_index(self) -> dict[str, int]:
+        return {op.name: i for i, op in enumerate(self.ops)}
+
+    @cached_property
+    def tensor_by_name(self) -> dict[str, Tensor]:
+        return {t.name: t for t in self.tensors}
+
+    @cached_property
+    def saved_tensors(self) -> tuple[Tensor, ...]:
+        """Saved tensors in order of production (step inputs first)."""
+        order = {name: i for i, name in enumerate(self._production_order)}
+        return tuple(sorted((t for t in self.tensors if t.is_saved), key=lambda t: order[t.name]))
+
+    @cached_property
+    def _production_order(self) -> tuple[str, ...]:
+        names = [t.name for t in self.tensors if t.producer is None]
+        for op in self.ops:
+            names.extend(op.outputs)
+        return tuple(names)
+
+    @cached_property
+    def last_fwd_use(self) -> dict[str, int]:
+        """Index of the last forward op that produces or reads each tensor (-1: step input never read)."""
+        last: dict[str, int] = {t.name: -1 for t in self.tensors}
+        for i, op in enumerate(self.ops):
+            for name in op.inputs + op.outputs:
+                last[name] = i
+        return last
+
+    @cached_property
+    def bwd_reads(self) -> dict[str, tuple[str, ...]]:
+        """For each op, the saved tensors its backward reads, in production order."""
+        reads: dict[str, list[str]] = {op.name: [] for op in self.ops}
+        for t in self.saved_tensors:
+            for reader in t.bwd_readers:
+                reads[reader].append(t.name)
+        return {k: tuple(v) for k, v in reads.items()}
+
+    @cached_property
+    def last_bwd_reader(self) -> dict[str, int]:
+        """Op index of the last backward reader of each saved tensor (the smallest forward index)."""
+        return {t.name: min(self.op_index[r] for r in t.bwd_readers) for t in self.saved_tensors}
+
+    @cached_property
+    def ideal_step_time_s(self) -> float:
+        return math.fsum(op.fwd_time_s for op in self.ops) + math.fsum(op.bwd_time_s for op in self.ops)
+
+    @cached_property
+    def saved_bytes(self) -> int:
+        return sum(t.size_bytes for t in self.saved_tensors)
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """Hash of the workload's structure and sizes; plans record it to detect mismatches."""
+        payload = json.dumps(self.to_dict(include_meta=False), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+    # ---- JSON -------------------------------------------------------------------
+    def to_dict(self, *, include_meta: bool = True) -> dict[str, Any]:
+        data: dict[str, Any] = {"format": WORKLOAD_FORMAT, "name": self.name}
+        if include_meta:
+            data["meta"] = dict(self.meta)
+        data["ops"] = [
+            {
+                "name": op.name, "layer": op.layer, "kind": op.kind,
+                "fwd_time_s": op.fwd_time_s, "bwd_time_s": op.bwd_time_s,
+                "flops": op.flops, "bytes_accessed": op.bytes_accessed,
+                "inputs": list(op.inputs), "outputs": list(op.outputs),
+            }
+            for op in self.ops
+        ]
+        data["tensors"] = [
+            {"name": t.name, "size_bytes": t.size_bytes, "producer": t.producer, "bwd_readers": list(t.bwd_readers)}
+            for t in self.tensors
+        ]
+        return data
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1)
+
+    def save(self, path) -> None:
+        write_text_atomic(path, self.to_json() + "\n")
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "Workload":
+        top = Fields(data, "workload")
+        fmt = top.str("format", default=WORKLOAD_FORMAT)
+        if fmt != WORKLOAD_FORMAT:
+            raise ValidationError(f"workload.format is {fmt!r}, expected {WORKLOAD_FORMAT!r}: export the workload again")
+        name = top.str("name")
+        meta = top.dict("meta", default={})
+        ops = []
+        for i, raw in enumerate(top.list("ops")):
+            f = Fields(raw, f"workload.ops[{i}]")
+            ops.append(Op(
+                name=f.str("name"), layer=f.int("layer", minimum=-1), kind=f.str("kind", default="other"),
+                fwd_time_s=f.number("fwd_time_s"), bwd_time_s=f.number("bwd_time_s"),
+                flops=f.number("flops", default=0.0), bytes_accessed=f.number("bytes_accessed", default=0.0),
+                inputs=f.str_list("inputs", default=[]), outputs=f.str_list("outputs", default=[]),
+            ))
+            f.no_extra()
+        tensors = []
+        for i, raw in enumerate(top.list("tensors")):
+            f = Fields(raw, f"workload.tensors[{i}]")
+            tensors.append(Tensor(
+                name=f.str("name"), size_bytes=f.int("size_bytes", positive=True),
+                producer=f.opt_str("producer"), bwd_readers=f.str_list("bwd_readers", default=[]),
+            ))
+            f.no_extra()
+        top.no_extra()
+        return cls(name=name, ops=tuple(ops), tensors=tuple(tensors), meta=meta)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Workload":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValidationError(f"workload is not valid JSON (line {exc.lineno}: {exc.msg})") from None
+        return cls.from_dict(data)
+
+    @classmethod
+    def load(cls, path) -> "Workload":
+        return cls.from_dict(read_json_file(path, "workload"))
+
+
+def _validate(w: Workload) -> None:
+    """Check references, order (which rules out cycles) and numbers. One error, naming the field."""
+    if not w.ops:
+        raise ValidationError("workload.ops is empty: a workload needs at least one op")
+    op_pos: dict[str, int] = {}
+    for i, op in enumerate(w.ops):
+        where = f"workload.ops[{i}] ({op.name!r})"
+        if op.name in op_pos:
+            raise ValidationError(f"{where}: duplicate op name; op names must be unique")
+        op_pos[op.name] = i
+        for key in ("fwd_time_s", "bwd_time_s", "flops", "bytes_accessed"):
+            value = getattr(op, key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ValidationError(f"{where}.{key} must be a finite number >= 0, got {value!r}")
+    tensors: dict[str, Tensor] = {}
+    for i, t in enumerate(w.tensors):
+        where = f"workload.tensors[{i}] ({t.name!r})"
+        if t.name in tensors:
+            raise ValidationError(f"{where}: duplicate tensor name; tensor names must be unique")
+        tensors[t.name] = t
+        if isinstance(t.size_bytes, bool) or not isinstance(t.size_bytes, int) or t.size_bytes <= 0:
+            raise ValidationError(f"{where}.size_bytes must be a positive integer, got {t.size_bytes!r}")
+        if t.producer is not None and t.producer not in op_pos:
+            raise ValidationError(f"{where}.producer names unknown op {t.producer!r}")
+        for reader in t.bwd_readers:
+            if reader not in op_pos:
+                raise ValidationError(f"{where}.bwd_readers names unknown op {reader!r}")
+        if len(set(t.bwd_readers)) != len(t.bwd_readers):
+            raise ValidationError(f"{where}.bwd_readers lists an op twice")
+    produced_at: dict[str, int] = {name: -1 for name, t in tensors.items() if t.producer is None}
+    for i, op in enumerate(w.ops):
+        where = f"workload.ops[{i}] ({op.name!r})"
+        for name in op.inputs:
+            if name not in tensors:
+                raise ValidationError(f"{where}.inputs names unknown tensor {name!r}")
+            if name not in produced_at:
+                raise ValidationError(
+                    f"{where}.inputs reads {name!r} before any earlier op produces it "
+                    "(ops must be in execution order; a cycle cannot be ordered)"
+                )
+        for name in op.outputs:
+            if name not in tensors:
+                raise ValidationError(f"{where}.outputs names unknown tensor {name!r}")
+            if tensors[name].producer != op.name:
+                raise ValidationError(f"{where}.outputs lists {name!r}, whose producer is {tensors[name].producer!r}")
+            if name in produced_at:
+                raise ValidationError(f"{where}.outputs produces {name!r} a second time")
+            produced_at[name] = i
+    for i, t in enumerate(w.tensors):
+        where = f"workload.tensors[{i}] ({t.name!r})"
+        if t.name not in produced_at:
+            raise ValidationError(f"{where}.producer {t.producer!r} does not list it in its outputs")
+        for reader in t.bwd_readers:
+            op = w.ops[op_pos[reader]]
+            if t.name not in op.inputs and t.name not in op.outputs:
+                raise ValidationError(
+                    f"{where}.bwd_readers names {reader!r}, which neither reads nor produces it in forward"
+                )

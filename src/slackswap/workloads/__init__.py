@@ -1,0 +1,1 @@
+"""Built-in workloads: analytical transformer models and tiny synthetic chains."""
