@@ -5,7 +5,7 @@ from .errors import (
     UnknownNameError, ValidationError,
 )
 from .hardware import PRESETS as HARDWARE_PRESETS, Hardware, get_hardware
-from .plan import Action, Plan
+from .plans import Action, Plan
 from .schedule import make_plan
 from .sim import simulate, simulate_ideal
 from .timeline import Event, Timeline

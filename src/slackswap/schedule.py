@@ -10,7 +10,7 @@ from typing import Any, Mapping
 
 from .errors import ValidationError
 from .hardware import Hardware
-from .plan import Action, Plan
+from .plans import Action, Plan
 from .workload import Workload
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from ..errors import InfeasiblePlanError
 from ..hardware import Hardware
-from ..plan import Action, Plan, check_plan
+from ..plans import Action, Plan, check_plan
 from ..schedule import first_use_step, make_plan
 from ..timeline import Event, Timeline
 from ..units import format_bytes

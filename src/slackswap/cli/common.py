@@ -1,0 +1,93 @@
+"""Arguments and helpers shared by the subcommands."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from typing import Any
+
+from ..errors import BudgetError, ValidationError
+from ..hardware import Hardware, get_hardware
+from ..units import format_bytes, parse_size_bytes
+from ..workload import Workload
+
+SPEC_FLAGS = {
+    # flag: (spec field, type)
+    "layers": int, "hidden": int, "heads": int, "ffn": int, "vocab": int,
+    "seq_len": int, "micro_batch": int,
+}
+
+
+def add_workload_args(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
+    group = parser.add_argument_group("workload (one of --model or --workload)")
+    group.add_argument("--model", metavar="NAME", help="built-in model (see 'slackswap models'), or 'custom' with every size flag")
+    group.add_argument("--workload", metavar="FILE", help="workload JSON (from export-workload or profile)")
+    for flag, kind in SPEC_FLAGS.items():
+        group.add_argument(f"--{flag.replace('_', '-')}", dest=f"spec_{flag}", type=kind, metavar="N",
+                           help=f"override the model's {flag.replace('_', ' ')}")
+    group.add_argument("--attention", dest="spec_attention", choices=("eager", "flash"), help="attention kernel")
+    group.add_argument("--mlp", dest="spec_mlp", choices=("gelu", "swiglu"), help="MLP kind")
+    group.add_argument("--norm", dest="spec_norm", choices=("layernorm", "rmsnorm"), help="normalization kind")
+    group.add_argument("--dropout", dest="spec_dropout", action=argparse.BooleanOptionalAction, default=None,
+                       help="dropout on or off")
+    parser.set_defaults(_workload_required=required)
+
+
+def add_hardware_arg(parser: argparse.ArgumentParser, default: str = "a100-80gb-pcie4") -> None:
+    parser.add_argument("--hardware", default=default, metavar="NAME|FILE",
+                        help=f"hardware preset (see 'slackswap hardware') or JSON file (default {default})")
+
+
+def add_budget_arg(parser: argparse.ArgumentParser, default: str | None = "0.5") -> None:
+    parser.add_argument("--budget", default=default, metavar="F|SIZE",
+                        help="activation budget: a fraction of the unconstrained peak (0.5) or a size (12GiB)"
+                        + (f" (default {default})" if default else ""))
+
+
+def spec_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    return {k[5:]: v for k, v in vars(args).items() if k.startswith("spec_") and v is not None}
+
+
+def load_hardware(args: argparse.Namespace) -> Hardware:
+    return get_hardware(args.hardware)
+
+
+def load_workload(args: argparse.Namespace, hardware: Hardware) -> Workload:
+    """The workload named by --workload, or built from --model and the size flags on ``hardware``."""
+    from ..workloads.models import build_model_workload
+
+    overrides = spec_overrides(args)
+    if args.workload and (args.model or overrides):
+        raise ValidationError("give either --workload FILE or --model NAME (with size flags), not both")
+    if args.workload:
+        return Workload.load(args.workload)
+    if not args.model:
+        raise ValidationError("no workload given: pass --model NAME (see 'slackswap models') or --workload FILE")
+    return build_model_workload(args.model, hardware, **overrides)
+
+
+def parse_budget(text: str, peak_bytes: int) -> int:
+    """A budget in bytes from '0.5' (fraction of ``peak_bytes``) or '12GiB' (a size)."""
+    text = str(text).strip()
+    try:
+        fraction = float(text)
+    except ValueError:
+        fraction = None
+    if fraction is not None and (fraction <= 1.0 or not math.isfinite(fraction)):
+        if not math.isfinite(fraction) or fraction <= 0:
+            raise BudgetError(f"budget {text!r} must be a fraction above 0 and at most 1, or a size such as 12GiB")
+        return max(1, int(fraction * peak_bytes))
+    size = parse_size_bytes(text)
+    if size > peak_bytes:
+        raise BudgetError(
+            f"budget {format_bytes(size)} is above the unconstrained peak of {format_bytes(peak_bytes)} "
+            f"({peak_bytes} bytes): everything fits; use 1.0 or a smaller size"
+        )
+    return size
+
+
+def print_json(obj: Any) -> None:
+    json.dump(obj, sys.stdout, indent=1, allow_nan=False)
+    sys.stdout.write("\n")
