@@ -7,14 +7,15 @@ from .errors import (
 from .hardware import PRESETS as HARDWARE_PRESETS, Hardware, get_hardware
 from .plans import Action, Plan
 from .schedule import make_plan
-from .sim import simulate, simulate_ideal
+from .sim import simulate_ideal
+from .api import apply, plan, profile, simulate
 from .timeline import Event, Timeline
 from .workload import Op, Tensor, Workload
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Action", "BudgetError", "Event", "HARDWARE_PRESETS", "Hardware", "InfeasiblePlanError",
+    "Action", "apply", "plan", "profile", "BudgetError", "Event", "HARDWARE_PRESETS", "Hardware", "InfeasiblePlanError",
     "MissingExtraError", "Op", "Plan", "PlanMismatchError", "SlackswapError", "Tensor", "Timeline",
     "UnknownNameError", "ValidationError", "Workload", "get_hardware", "make_plan", "simulate",
     "simulate_ideal", "__version__",

@@ -38,6 +38,8 @@ def add_workload_args(parser: argparse.ArgumentParser, *, required: bool = True)
 def add_hardware_arg(parser: argparse.ArgumentParser, default: str = "a100-80gb-pcie4") -> None:
     parser.add_argument("--hardware", default=default, metavar="NAME|FILE",
                         help=f"hardware preset (see 'slackswap hardware') or JSON file (default {default})")
+    parser.add_argument("--duplex-slowdown", dest="duplex_slowdown", action=argparse.BooleanOptionalAction,
+                        default=True, help="model the measured slowdown of H2D while D2H is busy (default on)")
 
 
 def add_budget_arg(parser: argparse.ArgumentParser, default: str | None = "0.5") -> None:
@@ -51,13 +53,14 @@ def spec_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def load_hardware(args: argparse.Namespace) -> Hardware:
-    return get_hardware(args.hardware)
+    hardware = get_hardware(args.hardware)
+    if not getattr(args, "duplex_slowdown", True):
+        hardware = hardware.without_duplex_slowdown()
+    return hardware
 
 
 def load_workload(args: argparse.Namespace, hardware: Hardware) -> Workload:
     """The workload named by --workload, or built from --model and the size flags on ``hardware``."""
-    from ..workloads.models import build_model_workload
-
     overrides = spec_overrides(args)
     if args.workload and (args.model or overrides):
         raise ValidationError("give either --workload FILE or --model NAME (with size flags), not both")
@@ -65,6 +68,8 @@ def load_workload(args: argparse.Namespace, hardware: Hardware) -> Workload:
         return Workload.load(args.workload)
     if not args.model:
         raise ValidationError("no workload given: pass --model NAME (see 'slackswap models') or --workload FILE")
+    from ..workloads.models import build_model_workload
+
     return build_model_workload(args.model, hardware, **overrides)
 
 

@@ -1,0 +1,23 @@
+"""`slackswap export-workload`: write a built-in workload as JSON."""
+
+from __future__ import annotations
+
+from ..units import format_bytes, format_seconds
+from .common import add_hardware_arg, add_workload_args, load_hardware, load_workload
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("export-workload", help="write a built-in workload as JSON")
+    add_workload_args(parser)
+    add_hardware_arg(parser)
+    parser.add_argument("--out", required=True, metavar="FILE", help="output JSON file")
+    parser.set_defaults(func=run)
+
+
+def run(args) -> int:
+    hardware = load_hardware(args)
+    workload = load_workload(args, hardware)
+    workload.save(args.out)
+    print(f"wrote {args.out}: {len(workload.ops)} ops, {len(workload.saved_tensors)} saved tensors, "
+          f"{format_bytes(workload.saved_bytes)} saved, ideal step {format_seconds(workload.ideal_step_time_s)}")
+    return 0

@@ -1,0 +1,71 @@
+"""`slackswap simulate`: simulate one training step under a policy or a plan file."""
+
+from __future__ import annotations
+
+from ..plans import Plan
+from ..sim import simulate, simulate_ideal
+from ..timeline import Timeline
+from ..units import format_bytes, format_seconds
+from .common import (
+    add_budget_arg, add_hardware_arg, add_workload_args, load_hardware, load_workload, parse_budget, print_json,
+)
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("simulate", help="simulate one training step")
+    add_workload_args(parser)
+    add_hardware_arg(parser)
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--policy", default=None, metavar="P", help="plan on the fly with policy P (default ideal)")
+    source.add_argument("--plan", metavar="FILE", help="plan JSON from 'slackswap plan'")
+    add_budget_arg(parser)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--quiet", action="store_true", help="print nothing but errors (files are still written)")
+    parser.add_argument("--timeline", metavar="FILE", help="also write the full Timeline as JSON")
+    parser.set_defaults(func=run)
+
+
+def run(args) -> int:
+    hardware = load_hardware(args)
+    workload = load_workload(args, hardware)
+    ideal = simulate_ideal(workload, hardware)
+    if args.plan:
+        plan = Plan.load(args.plan)
+        budget = plan.budget_bytes if args.budget is None else parse_budget(args.budget, ideal.peak_memory_bytes)
+        timeline = simulate(workload, hardware, plan, budget)
+    elif args.policy in (None, "ideal"):
+        plan, timeline = None, ideal
+    else:
+        from ..planners import plan_workload
+
+        budget = parse_budget(args.budget, ideal.peak_memory_bytes)
+        plan = plan_workload(workload, hardware, budget, args.policy)
+        timeline = simulate(workload, hardware, plan, budget, check=False)
+    if args.timeline:
+        timeline.save(args.timeline)
+    if args.quiet:
+        return 0
+    if args.json:
+        summary = timeline.summary()
+        summary["unconstrained_peak_bytes"] = ideal.peak_memory_bytes
+        print_json(summary)
+    else:
+        print("\n".join(summary_lines(timeline, ideal.peak_memory_bytes)))
+    return 0
+
+
+def summary_lines(t: Timeline, unconstrained_peak_bytes: int) -> list[str]:
+    budget = "none (everything kept)" if t.budget_bytes is None else (
+        f"{format_bytes(t.budget_bytes)} ({100 * t.budget_bytes / unconstrained_peak_bytes:.1f}% of the unconstrained peak)"
+    )
+    return [
+        f"workload            {t.workload_name} on {t.hardware_name}, policy {t.policy}",
+        f"step time           {format_seconds(t.step_time_s)} (ideal {format_seconds(t.ideal_step_time_s)})",
+        f"throughput          {t.throughput_pct:.2f}% of ideal",
+        f"peak activations    {format_bytes(t.peak_memory_bytes)} (unconstrained {format_bytes(unconstrained_peak_bytes)})",
+        f"budget              {budget}",
+        f"copied out / back   {format_bytes(t.d2h_bytes)} / {format_bytes(t.h2d_bytes)}",
+        f"recompute time      {format_seconds(t.recompute_time_s)}",
+        f"stalls              {format_seconds(t.stall_time_s)} (waiting for copies {format_seconds(t.stall_copy_s)}, "
+        f"for memory {format_seconds(t.stall_memory_s)})",
+    ]
