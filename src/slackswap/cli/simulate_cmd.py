@@ -7,7 +7,7 @@ from ..sim import simulate, simulate_ideal
 from ..timeline import Timeline
 from ..units import format_bytes, format_seconds
 from .common import (
-    add_budget_arg, add_hardware_arg, add_workload_args, load_hardware, load_workload, parse_budget, print_json,
+    add_hardware_arg, add_workload_args, load_hardware, load_workload, parse_budget, print_json,
 )
 
 
@@ -18,7 +18,9 @@ def register(subparsers) -> None:
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--policy", default=None, metavar="P", help="plan on the fly with policy P (default ideal)")
     source.add_argument("--plan", metavar="FILE", help="plan JSON from 'slackswap plan'")
-    add_budget_arg(parser)
+    parser.add_argument("--budget", default=None, metavar="F|SIZE",
+                        help="activation budget: a fraction of the unconstrained peak (0.5) or a size (12GiB); "
+                        "default: the plan's own budget, or 0.5 with --policy")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--quiet", action="store_true", help="print nothing but errors (files are still written)")
     parser.add_argument("--timeline", metavar="FILE", help="also write the full Timeline as JSON")
@@ -38,7 +40,7 @@ def run(args) -> int:
     else:
         from ..planners import plan_workload
 
-        budget = parse_budget(args.budget, ideal.peak_memory_bytes)
+        budget = parse_budget(args.budget or "0.5", ideal.peak_memory_bytes)
         plan = plan_workload(workload, hardware, budget, args.policy)
         timeline = simulate(workload, hardware, plan, budget, check=False)
     if args.timeline:
