@@ -31,6 +31,13 @@ class TransformerSpec:
     dropout: bool = True
     causal: bool = True
     """Causal attention does half the attention FLOPs with flash kernels (GPT, Llama); BERT is bidirectional."""
+    post_norm: bool = False
+    """BERT-style encoder: norms follow the residual adds (post-LN), the embedding sum is normalized,
+    and the MLM head has a dense+GELU+norm transform before the vocabulary projection.
+    False: GPT/Llama-style pre-norm decoder with a final norm before the LM head."""
+    rope: bool = False
+    """Rotary position embeddings applied to Q and K after the QKV GEMM (Llama); False: learned
+    absolute position embeddings added at the input (GPT-2, BERT)."""
     dtype_bytes: int = 2
     """Bytes per activation element (bf16)."""
 
@@ -44,7 +51,7 @@ class TransformerSpec:
         for key, allowed in (("attention", ATTENTION_KINDS), ("mlp", MLP_KINDS), ("norm", NORM_KINDS)):
             if getattr(self, key) not in allowed:
                 raise ValidationError(f"model spec {key} is {getattr(self, key)!r}: use one of {', '.join(allowed)}")
-        for key in ("dropout", "causal"):
+        for key in ("dropout", "causal", "post_norm", "rope"):
             if not isinstance(getattr(self, key), bool):
                 raise ValidationError(f"model spec {key} must be true or false, got {getattr(self, key)!r}")
 
@@ -67,7 +74,7 @@ class TransformerSpec:
             kwargs[key] = f.int(key, positive=True)
         for key, default in (("attention", "flash"), ("mlp", "gelu"), ("norm", "layernorm")):
             kwargs[key] = f.str(key, default=default)
-        for key, default in (("dropout", True), ("causal", True)):
+        for key, default in (("dropout", True), ("causal", True), ("post_norm", False), ("rope", False)):
             value = f.obj.get(key, default)
             f.used.add(key)
             if not isinstance(value, bool):
