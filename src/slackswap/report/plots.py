@@ -1,0 +1,231 @@
+"""Figures (matplotlib, the optional ``plot`` extra): one step, a budget sweep, the reproduction.
+
+Each ``build_*_figure`` returns a matplotlib Figure made without pyplot, so no global
+backend or figure registry is touched; ``plot_*`` saves it (PNG, SVG or PDF by the
+file's extension) and returns it. Figures are drawn by the Agg renderer.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+from ..errors import ValidationError, require
+from ..timeline import Timeline
+from ..units import GiB, KiB, MiB, format_bytes, format_seconds
+
+# One colour per event kind, shared by the Gantt chart and its legend (colour-blind-safe Okabe-Ito hues).
+KIND_COLOR = {
+    "forward": "#009E73", "backward": "#0072B2", "recompute": "#CC79A7",
+    "stall_copy": "#D55E00", "stall_memory": "#E69F00",
+    "copy_out": "#56B4E9", "copy_in": "#F0E442",
+}
+KIND_LABEL = {
+    "forward": "forward", "backward": "backward", "recompute": "recompute",
+    "stall_copy": "stall: waiting for a copy back", "stall_memory": "stall: waiting for memory",
+    "copy_out": "copy to host (D2H)", "copy_in": "copy back (H2D)",
+}
+GANTT_ROWS = (("compute", "compute"), ("d2h", "D2H (to host)"), ("h2d", "H2D (to device)"))
+POLICY_STYLE = ("o-", "s-", "^-", "D-", "v-", "P-", "X-", "*-")
+
+
+def _figure_class():
+    require("matplotlib", "plot", "drawing plots")
+    from matplotlib.figure import Figure
+
+    return Figure
+
+
+def save_figure(figure, path) -> None:
+    path = Path(path)
+    if path.suffix.lower() not in (".png", ".svg", ".pdf"):
+        raise ValidationError(f"plot file {str(path)!r} must end in .png, .svg or .pdf")
+    figure.savefig(path, dpi=150)
+
+
+def byte_unit(max_bytes: float) -> tuple[str, float]:
+    """The binary unit that keeps the axis numbers readable."""
+    for name, scale in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if max_bytes >= scale:
+            return name, scale
+    return "B", 1
+
+
+# ---- one step ---------------------------------------------------------------------------------
+def build_step_figure(timeline: Timeline, *, title: str | None = None):
+    """Memory in use over the step against the budget, above a Gantt chart of the three streams."""
+    Figure = _figure_class()
+    fig = Figure(figsize=(11, 6.2), layout="constrained")
+    ax_mem, ax_gantt = fig.subplots(2, 1, sharex=True, height_ratios=(2.2, 1))
+    end_ms = timeline.step_time_s * 1e3
+    top = max([b for _, b in timeline.memory] + [timeline.budget_bytes or 0, 1])
+    unit, scale = byte_unit(top)
+
+    samples = settled_memory(timeline.memory)
+    times = [t * 1e3 for t, _ in samples] + [end_ms]
+    values = [b / scale for _, b in samples]
+    values.append(values[-1] if values else 0.0)
+    ax_mem.step(times, values, where="post", color="#0072B2", linewidth=1.4,
+                label=f"activations in use (peak {format_bytes(timeline.peak_memory_bytes)})")
+    ax_mem.fill_between(times, values, step="post", color="#0072B2", alpha=0.15, linewidth=0)
+    if timeline.budget_bytes is not None:
+        ax_mem.axhline(timeline.budget_bytes / scale, color="#D55E00", linestyle="--", linewidth=1.4,
+                       label=f"budget {format_bytes(timeline.budget_bytes)}")
+    ax_mem.set_ylabel(f"activation memory ({unit})")
+    ax_mem.set_ylim(0, top / scale * 1.08)
+    ax_mem.legend(loc="upper right", fontsize="small")
+    ax_mem.grid(True, alpha=0.3)
+    ax_mem.set_title(title or (
+        f"{timeline.workload_name} on {timeline.hardware_name}, policy {timeline.policy}: "
+        f"step {format_seconds(timeline.step_time_s)}, {timeline.throughput_pct:.1f}% of ideal"
+    ), fontsize="medium")
+
+    _draw_gantt(ax_gantt, timeline)
+    ax_gantt.set_xlabel("time (ms)")
+    ax_gantt.set_xlim(0, end_ms if end_ms > 0 else 1)
+    return fig
+
+
+def settled_memory(samples: Sequence[tuple[float, int]]) -> list[tuple[float, int]]:
+    """One sample per instant, the value once everything at that instant is done. The simulator
+    frees before it allocates at an instant, so the dropped values are dips, never peaks."""
+    settled: list[tuple[float, int]] = []
+    for time_s, in_use in samples:
+        if settled and settled[-1][0] == time_s:
+            settled[-1] = (time_s, in_use)
+        else:
+            settled.append((time_s, in_use))
+    return settled
+
+
+def _draw_gantt(ax, timeline: Timeline) -> None:
+    row_y = {stream: len(GANTT_ROWS) - 1 - i for i, (stream, _) in enumerate(GANTT_ROWS)}
+    bars: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for e in timeline.events:
+        bars.setdefault((e.stream, e.kind), []).append((e.start_s * 1e3, e.duration_s * 1e3))
+    for (stream, kind), spans in sorted(bars.items(), key=lambda item: (row_y[item[0][0]], item[0][1])):
+        ax.broken_barh(spans, (row_y[stream] - 0.38, 0.76), facecolors=KIND_COLOR[kind],
+                       edgecolor="none", label=KIND_LABEL[kind], hatch="///" if kind.startswith("stall") else None)
+    ax.set_yticks([row_y[s] for s, _ in GANTT_ROWS], [label for _, label in GANTT_ROWS])
+    ax.set_ylim(-0.6, len(GANTT_ROWS) - 0.4)
+    ax.grid(True, axis="x", alpha=0.3)
+    handles, labels = ax.get_legend_handles_labels()
+    order = sorted(range(len(labels)), key=lambda i: list(KIND_LABEL.values()).index(labels[i]))
+    ax.legend([handles[i] for i in order], [labels[i] for i in order], loc="upper left",
+              bbox_to_anchor=(1.0, 1.0), fontsize="small", frameon=False)
+
+
+def plot_step(timeline: Timeline, path, *, title: str | None = None):
+    fig = build_step_figure(timeline, title=title)
+    save_figure(fig, path)
+    return fig
+
+
+# ---- budget sweep -----------------------------------------------------------------------------
+def build_sweep_figure(rows: Sequence[Mapping[str, Any]], *, title: str | None = None):
+    """Throughput (% of ideal) against budget (% of the unconstrained peak), one line per policy,
+    one panel per model (and hardware, when a sweep spans several). Infeasible points are left out."""
+    Figure = _figure_class()
+    rows = list(rows)
+    if not rows:
+        raise ValidationError("sweep has no rows to plot: run it with at least one budget and policy")
+    panels = _unique(_panel_key(r) for r in rows)
+    policies = _unique(str(r["policy"]) for r in rows)
+    cols = min(len(panels), 3)
+    n_rows = -(-len(panels) // cols)
+    fig = Figure(figsize=(4.6 * cols + 1.8, 3.8 * n_rows), layout="constrained")
+    axes = fig.subplots(n_rows, cols, squeeze=False, sharey=True)
+    for ax, panel in zip(axes.flat, panels):
+        for i, policy in enumerate(policies):
+            points = sorted(
+                (100 * float(r["budget_fraction"]), float(r["throughput_pct"]))
+                for r in rows if _panel_key(r) == panel and str(r["policy"]) == policy
+                and r.get("throughput_pct") is not None
+            )
+            if points:
+                xs, ys = zip(*points)
+                ax.plot(xs, ys, POLICY_STYLE[i % len(POLICY_STYLE)], color=f"C{i}", label=policy,
+                        markersize=4, linewidth=1.3)
+        ax.axhline(100, color="grey", linewidth=0.8, linestyle=":")
+        ax.set_title(panel, fontsize="medium")
+        ax.set_xlabel("activation budget (% of unconstrained peak)")
+        ax.set_ylabel("throughput (% of ideal)")
+        ax.grid(True, alpha=0.3)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, labels, title="policy", loc="outside right upper", fontsize="small")
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
+def _panel_key(row: Mapping[str, Any]) -> str:
+    model = str(row.get("model") or row.get("workload") or "workload")
+    return f"{model} on {row['hardware']}" if row.get("hardware") else model
+
+
+def _unique(items: Iterable[str]) -> list[str]:
+    return list(dict.fromkeys(items))
+
+
+def plot_sweep(rows: Sequence[Mapping[str, Any]], path, *, title: str | None = None):
+    fig = build_sweep_figure(rows, title=title)
+    save_figure(fig, path)
+    return fig
+
+
+# ---- reproduction -----------------------------------------------------------------------------
+def build_reproduce_figure(result: Mapping[str, Any], *, title: str | None = None):
+    """The paper's throughput next to ours, as grouped bars per model; the value above each bar."""
+    Figure = _figure_class()
+    rows = list(result.get("rows", ()))
+    if not rows:
+        raise ValidationError("reproduce result has no rows to plot: run 'slackswap reproduce' first")
+    models = [str(r["model"]) for r in rows]
+    series = reproduce_series(rows)
+    fig = Figure(figsize=(max(6.0, 1.9 * len(models) + 2.5), 4.6), layout="constrained")
+    ax = fig.subplots()
+    width = 0.8 / len(series)
+    known = [v for _, values in series for v in values if v is not None]
+    # Bars start above zero so that differences of a few percent stay visible.
+    floor = max(0.0, (min(known) if known else 100.0) - 10.0)
+    for i, (label, values) in enumerate(series):
+        xs = [m + (i - (len(series) - 1) / 2) * width for m in range(len(models))]
+        heights = [v if v is not None else 0.0 for v in values]
+        bars = ax.bar(xs, heights, width * 0.95, label=label, color=f"C{i}" if i else "#7f7f7f")
+        ax.bar_label(bars, labels=[f"{v:.1f}" if v is not None else "" for v in values], fontsize="x-small", padding=2)
+        for x, v in zip(xs, values):
+            if v is None:
+                ax.text(x, floor + 0.5, "n/a", ha="center", va="bottom", fontsize="x-small")
+    ax.set_xticks(range(len(models)), models)
+    ax.set_ylabel("throughput (% of ideal)")
+    ax.set_xlabel("model")
+    ax.set_ylim(floor, 102.5)
+    ax.axhline(100, color="grey", linewidth=0.8, linestyle=":")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(loc="lower right", fontsize="small")
+    budget = result.get("budget_fraction")
+    ax.set_title(title or ("Throughput at the paper's budget" + (f" ({100 * float(budget):.0f}% of peak)" if budget else "")),
+                 fontsize="medium")
+    return fig
+
+
+def reproduce_series(rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, list[float | None]]]:
+    """(legend label, one value per row) for the paper's figure and each of our columns."""
+    series: list[tuple[str, list[float | None]]] = [("paper", [_num(r.get("paper_throughput_pct")) for r in rows])]
+    ours = _unique(k for r in rows for k in r if k.startswith("throughput_pct"))
+    for key in ours:
+        label = "ours" if key == "throughput_pct" else f"ours, {key[len('throughput_pct_'):]}"
+        series.append((label, [_num(r.get(key)) for r in rows]))
+    return series
+
+
+def _num(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def plot_reproduce(result: Mapping[str, Any], path, *, title: str | None = None):
+    fig = build_reproduce_figure(result, title=title)
+    save_figure(fig, path)
+    return fig
