@@ -112,7 +112,7 @@ def _norm(b: _Builder, sh: _Shapes, name: str, layer: int, x: str, out: str) -> 
     spec = b.spec
     # ~8 FLOPs per element for LayerNorm (mean, variance, scale, shift), ~4 for RMSNorm (reference sec. 2).
     flops_per_elem = 8 if spec.norm == "layernorm" else 4
-    stats = f"{out}.stats"
+    stats = f"{name}.stats"
     b.op(name, layer, "norm",
          elementwise_cost(flops_per_elem * sh.T * spec.hidden, 2 * sh.th + sh.stats),
          inputs=(x,), outputs=((out, sh.th), (stats, sh.stats)), saves=(x, stats))
@@ -126,7 +126,7 @@ def _residual(b: _Builder, sh: _Shapes, name: str, layer: int, branch: str, resi
     saves: tuple[str, ...] = ()
     traffic = 3 * sh.th
     if spec.dropout:
-        mask = f"{out}.mask"
+        mask = f"{name}.mask"
         outputs.append((mask, sh.th_mask))
         saves = (mask,)
         traffic += sh.th_mask
@@ -162,7 +162,7 @@ def _attention(b: _Builder, sh: _Shapes, i: int, q: str, k: str, v: str) -> str:
          inputs=(p + "scores",), outputs=((p + "probs", scores_bytes),), saves=(p + "probs",))
     probs = p + "probs"
     if spec.dropout:
-        mask = p + "probs_dropped.mask"
+        mask = p + "attn_dropout.mask"
         b.op(p + "attn_dropout", i, "elementwise",
              elementwise_cost(2 * sh.scores_elems, 2 * scores_bytes + sh.scores_elems * MASK_BYTES),
              inputs=(probs,), outputs=((p + "probs_dropped", scores_bytes), (mask, sh.scores_elems * MASK_BYTES)),
@@ -249,7 +249,7 @@ def _embedding(b: _Builder, sh: _Shapes) -> str:
         _norm(b, sh, "embed_norm", -1, x, out)
         x = out
     if spec.dropout:
-        mask = "L0.x.mask"
+        mask = "embed_dropout.mask"
         b.op("embed_dropout", -1, "elementwise", elementwise_cost(sh.T * spec.hidden, 2 * sh.th + sh.th_mask),
              inputs=(x,), outputs=(("L0.x", sh.th), (mask, sh.th_mask)), saves=(mask,))
     return "L0.x"
