@@ -193,10 +193,15 @@ class _Simulation:
         tensor = self.h2d_order[self.h2d_head]
         if self.plan.prefetch_step[tensor] > self.triggered_step or tensor not in self.d2h_done:
             return False
-        if not self._fits(self.size[tensor]):
+        if tensor in self.present:
+            # A recompute group re-created it (its producer also makes a tensor this step needs):
+            # the copy takes no new memory and the tensor now outlives the group.
+            self.group_allocs.remove(tensor)
+        elif not self._fits(self.size[tensor]):
             return False
+        else:
+            self._alloc([tensor])
         self.h2d_head += 1
-        self._alloc([tensor])
         self.h2d_started.add(tensor)
         self._start_copy("h2d", tensor)
         return True
@@ -315,6 +320,13 @@ class _Simulation:
 
     def run(self) -> None:
         self._alloc(list(self.step_inputs))
+        if self.mem > self.budget:
+            need, budget = self.mem, int(self.budget)
+            raise InfeasiblePlanError(
+                f"plan cannot fit its budget: the step inputs alone take {format_bytes(need)} ({need} bytes) "
+                f"with {format_bytes(budget)} ({budget} bytes) allowed; raise the budget",
+                needed_bytes=need, budget_bytes=budget,
+            )
         self._dispatch()
         while self._drop_stale():
             # Handle every event due at this instant before starting anything, so memory
