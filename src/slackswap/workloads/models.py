@@ -14,7 +14,8 @@ from ..hardware import Hardware
 from ..workload import Workload
 from .spec import TransformerSpec
 from .transformer import (
-    FP32_BYTES, INDEX_BYTES, LAYERNORM_STATS_BYTES, MASK_BYTES, RMSNORM_STATS_BYTES, build_transformer,
+    ASSUMPTIONS, FP32_BYTES, INDEX_BYTES, LAYERNORM_STATS_BYTES, MASK_BYTES, RMSNORM_STATS_BYTES,
+    build_transformer,
 )
 
 __all__ = [
@@ -55,18 +56,6 @@ MODEL_SOURCES: dict[str, str] = {
     "gpt2-xl": "HF gpt2-xl config; micro-batch 8 assumed",
     "llama-7b": "HF Llama-2-7b config; LLaMA paper (s=2048)",
 }
-
-ASSUMPTIONS: tuple[str, ...] = (
-    "activations bf16 (2 bytes); dropout masks 1 byte per element; norm statistics, flash LSE and "
-    "cross-entropy log-probabilities fp32; token ids and labels int64",
-    "saved tensors follow Korthikanti et al. (arXiv 2205.05198) sec. 4.1, plus norm statistics",
-    "flash attention saves Q, K, V, O and the fp32 LSE; eager saves softmax output, dropout mask and dropped probs",
-    "fused SwiGLU saves gate and up and recomputes SiLU(gate) in its backward",
-    "LM head and loss run on all T positions; logits (bf16) and fp32 log-probabilities are saved (6TV bytes)",
-    "weights, gradients and optimizer states are not in the activation budget",
-    "op times: roofline max(FLOPs / (efficiency x peak), bytes / (hbm_efficiency x HBM bandwidth)); "
-    "backward 2x forward for GEMMs and elementwise ops, 2.5x FLOPs for flash attention",
-)
 
 # Keys build_model_workload accepts; the CLI flag for each is --<key with - for _>.
 _REQUIRED_FOR_CUSTOM = ("layers", "hidden", "heads", "ffn", "vocab", "seq_len", "micro_batch")

@@ -39,6 +39,19 @@ LAYERNORM_STATS_BYTES = 2 * FP32_BYTES  # mean and rstd per token
 RMSNORM_STATS_BYTES = FP32_BYTES  # rstd per token
 LOSS_VALUE_BYTES = 4
 
+# One line each in Workload.meta["assumptions"], so reports can print what a row assumed.
+ASSUMPTIONS: tuple[str, ...] = (
+    "activations bf16 (2 bytes); dropout masks 1 byte per element; norm statistics, flash LSE and "
+    "cross-entropy log-probabilities fp32; token ids and labels int64",
+    "saved tensors follow Korthikanti et al. (arXiv 2205.05198) sec. 4.1, plus norm statistics",
+    "flash attention saves Q, K, V, O and the fp32 LSE; eager saves softmax output, dropout mask and dropped probs",
+    "fused SwiGLU saves gate and up and recomputes SiLU(gate) in its backward",
+    "LM head and loss run on all T positions; logits (bf16) and fp32 log-probabilities are saved (6TV bytes)",
+    "weights, gradients and optimizer states are not in the activation budget",
+    "op times: roofline max(FLOPs / (efficiency x peak), bytes / (hbm_efficiency x HBM bandwidth)); "
+    "backward 2x forward for GEMMs and elementwise ops, 2.5x FLOPs for flash attention",
+)
+
 
 class _Builder:
     """Collects ops and tensors in execution order; backward readers may be added later."""
@@ -279,7 +292,10 @@ def _head(b: _Builder, sh: _Shapes, x: str) -> None:
 
 def build_transformer(spec: TransformerSpec, hardware: Hardware, *, name: str | None = None,
                       meta: dict | None = None) -> Workload:
-    """The op-level workload of one training step of ``spec`` with roofline op times on ``hardware``."""
+    """The op-level workload of one training step of ``spec`` with roofline op times on ``hardware``.
+
+    The workload is called ``spec.name`` unless ``name`` is given; models.build_model_workload
+    passes a name that spells out overrides and custom sizes."""
     b = _Builder(spec, hardware)
     sh = _Shapes(spec)
     x = _embedding(b, sh)
@@ -288,5 +304,7 @@ def build_transformer(spec: TransformerSpec, hardware: Hardware, *, name: str | 
     _head(b, sh, x)
     return Workload(
         name=name or spec.name, ops=tuple(b.ops), tensors=b.tensors(),
-        meta=meta if meta is not None else {"kind": "transformer", "model": spec.to_dict(), "hardware": hardware.name},
+        meta=meta if meta is not None else {
+            "kind": "transformer", "model": spec.to_dict(), "hardware": hardware.name, "assumptions": list(ASSUMPTIONS),
+        },
     )
