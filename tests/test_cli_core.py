@@ -60,11 +60,35 @@ def test_simulate_text_output_carries_units(capsys, chain_file):
     assert "15.000 s" in out and "100.00% of ideal" in out and "401 B" in out
 
 
-def test_export_workload_round_trips(capsys, chain_file, tmp_path):
-    # export-workload needs a built-in model; here check the file the simulate command reads back is identical
+def test_export_workload_writes_the_built_in_workload(capsys, tmp_path):
+    from slackswap.hardware import PRESETS
     from slackswap.workload import Workload
+    from slackswap.workloads.models import build_model_workload
 
-    assert Workload.load(chain_file) == chain(5)
+    out_path = tmp_path / "bert.json"
+    code, out, _ = run_cli(capsys, "export-workload", "--model", "bert-large", "--hardware", "h100-pcie5",
+                           "--out", str(out_path))
+    assert code == 0 and "GiB saved" in out
+    assert Workload.load(out_path) == build_model_workload("bert-large", PRESETS["h100-pcie5"])
+
+
+def test_llama_ideal_matches_the_closed_form(capsys):
+    from slackswap.workloads.models import closed_form_saved_bytes, get_model
+
+    code, out, _ = run_cli(capsys, "simulate", "--model", "llama-7b", "--hardware", "a100-80gb-pcie4",
+                           "--policy", "ideal", "--json")
+    data = json.loads(out)
+    assert code == 0
+    assert data["throughput_pct"] == 100
+    spec = get_model("llama-7b")
+    T, h, f, a = spec.tokens, spec.hidden, spec.ffn, spec.heads
+    # Independent per-layer formula for flash attention + fused SwiGLU + RMSNorm (bf16):
+    # 16Th (norm inputs, QKV in, Q, K, V, O, FC in as 2Th each) + 6Tf (gate, up, product)
+    # + 4aT (fp32 log-sum-exp) + 8T (two fp32 RMSNorm rstd vectors).
+    per_layer = 16 * T * h + 6 * T * f + 4 * a * T + 8 * T
+    forms = closed_form_saved_bytes(spec)
+    assert forms["per_layer"] == per_layer
+    assert data["peak_memory_bytes"] == spec.layers * per_layer + forms["embedding"] + forms["head"] + forms["loss"]
 
 
 @pytest.mark.parametrize("argv, fragment", [
