@@ -148,3 +148,34 @@ def test_missing_matplotlib_names_the_extra(monkeypatch):
         plots.build_step_figure(hand_timeline())
     message = str(info.value)
     assert "slackswap[plot]" in message and "matplotlib" in message and "\n" not in message
+
+
+# ---- the CLI ------------------------------------------------------------------------------------
+def test_simulate_plot_flag(tmp_path, capsys):
+    from slackswap.cli import main
+
+    chain(5).save(tmp_path / "w.json")
+    code = main(["simulate", "--workload", str(tmp_path / "w.json"), "--plot", str(tmp_path / "step.png"), "--json"])
+    assert code == 0
+    assert_png(tmp_path / "step.png")
+    assert '"throughput_pct"' in capsys.readouterr().out
+
+
+def test_simulate_plot_without_matplotlib_is_one_line_naming_the_extra(tmp_path, capsys, monkeypatch):
+    from slackswap.cli import main
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    chain(5).save(tmp_path / "w.json")
+    code = main(["simulate", "--workload", str(tmp_path / "w.json"), "--plot", str(tmp_path / "step.png")])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and not (tmp_path / "step.png").exists()
+    assert err.count("\n") == 1 and "pip install 'slackswap[plot]'" in err and "matplotlib" in err
+    # without --plot the same command still works
+    assert main(["simulate", "--workload", str(tmp_path / "w.json"), "--quiet"]) == 0
+
+
+def test_simulate_plot_with_a_bad_extension_fails_before_simulating(tmp_path, capsys):
+    from slackswap.cli import main
+
+    code = main(["simulate", "--workload", str(tmp_path / "missing.json"), "--plot", str(tmp_path / "step.jpg")])
+    assert code == 2 and "must end in .png, .svg or .pdf" in capsys.readouterr().err

@@ -193,3 +193,23 @@ def test_write_chrome_trace_is_strict_json_and_deterministic(tmp_path):
     kinds = {s["cat"] for s in spans(data)}
     assert kinds == {"forward", "backward", "recompute", "copy_out", "copy_in", "stall_copy"}
     assert len({s["tid"] for s in spans(data)}) == len(TRACKS)
+
+
+# ---- the CLI ------------------------------------------------------------------------------------
+def test_simulate_trace_flag_writes_the_plan_trace(tmp_path, capsys):
+    from slackswap.cli import main
+    from slackswap.timeline import Timeline
+
+    workload, plan, _ = hand_case()
+    workload.save(tmp_path / "w.json")
+    plan.save(tmp_path / "p.json", workload)
+    link(100.0).save(tmp_path / "hw.json")
+    code = main(["simulate", "--workload", str(tmp_path / "w.json"), "--hardware", str(tmp_path / "hw.json"),
+                 "--plan", str(tmp_path / "p.json"), "--trace", str(tmp_path / "t.json"),
+                 "--timeline", str(tmp_path / "timeline.json"), "--quiet"])
+    assert code == 0 and capsys.readouterr() == ("", "")
+    trace = json.loads((tmp_path / "t.json").read_text())
+    check_trace_format(trace)
+    timeline = Timeline.load(tmp_path / "timeline.json")
+    assert [b for _, b in counter(trace, MEMORY_COUNTER)] == [b for _, b in timeline.memory]
+    assert {s["name"] for s in spans(trace)} >= {"recompute op1", "a0 to host", "stall: op1 waits for a copy back"}

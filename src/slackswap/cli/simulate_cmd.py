@@ -24,10 +24,17 @@ def register(subparsers) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--quiet", action="store_true", help="print nothing but errors (files are still written)")
     parser.add_argument("--timeline", metavar="FILE", help="also write the full Timeline as JSON")
+    parser.add_argument("--trace", metavar="FILE", help="also write a Chrome/Perfetto trace JSON (ui.perfetto.dev)")
+    parser.add_argument("--plot", metavar="FILE",
+                        help="also draw memory and the three streams over the step (.png, .svg or .pdf; extra 'plot')")
     parser.set_defaults(func=run)
 
 
 def run(args) -> int:
+    if args.plot:
+        from ..report.plots import check_plot_target
+
+        check_plot_target(args.plot)
     hardware = load_hardware(args)
     workload = load_workload(args, hardware)
     ideal = simulate_ideal(workload, hardware)
@@ -45,6 +52,14 @@ def run(args) -> int:
         timeline = simulate(workload, hardware, plan, budget, check=False)
     if args.timeline:
         timeline.save(args.timeline)
+    if args.trace:
+        from ..report.chrome_trace import write_chrome_trace
+
+        write_chrome_trace(timeline, args.trace, workload=workload, plan=plan)
+    if args.plot:
+        from ..report.plots import plot_step
+
+        plot_step(timeline, args.plot)
     if args.quiet:
         return 0
     if args.json:

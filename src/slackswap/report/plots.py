@@ -36,11 +36,20 @@ def _figure_class():
     return Figure
 
 
+def check_plot_target(path) -> None:
+    """Fail early, before any long computation, if ``path`` cannot receive a plot."""
+    _check_suffix(path)
+    _figure_class()
+
+
+def _check_suffix(path) -> None:
+    if Path(path).suffix.lower() not in (".png", ".svg", ".pdf"):
+        raise ValidationError(f"plot file {str(path)!r} must end in .png, .svg or .pdf: pick one of those")
+
+
 def save_figure(figure, path) -> None:
-    path = Path(path)
-    if path.suffix.lower() not in (".png", ".svg", ".pdf"):
-        raise ValidationError(f"plot file {str(path)!r} must end in .png, .svg or .pdf")
-    figure.savefig(path, dpi=150)
+    _check_suffix(path)
+    figure.savefig(Path(path), dpi=150)
 
 
 def byte_unit(max_bytes: float) -> tuple[str, float]:
