@@ -1,0 +1,350 @@
+"""Record one forward pass at aten level: ops, module calls, and every save for backward.
+
+The tracer is three observers running together:
+
+* module forward pre/post hooks keep a stack of module *calls* (a module called twice in
+  one step gives two calls, ``path`` and ``path@1``);
+* a TorchDispatchMode (below autograd, so it sees the same aten ops as selective
+  checkpointing does) records each op with the storages it reads and creates;
+* saved_tensors_hooks record each tensor autograd saves.
+
+Tensors are identified by their *storage*: a view, a transpose or an in-place result is the
+same tensor as its base, so a storage saved through several views counts once. Storages of
+parameters and buffers are not activations and are left out. Autograd saves an op's inputs
+just before the op reaches the dispatcher and its outputs just after, so each save is
+attributed to the op before it (if it saved one of that op's outputs) or to the op after it
+(if it saved one of that op's inputs); see ``_attribute_saves``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.flop_counter import flop_registry
+
+# Ops selective checkpointing never shows its policy (torch/utils/checkpoint.py SAC_IGNORED_OPS);
+# the tracer skips them too so that op positions inside a module call agree with the runtime.
+_IGNORED_OPS = {torch.ops.aten.detach.default, torch.ops.prim.device.default}
+
+
+@dataclass
+class OpRecord:
+    index: int
+    name: str
+    func: Any
+    aten: str
+    call: str
+    """Innermost module call that ran the op ('loss_fn' for ops outside the model)."""
+    inputs: list[str]
+    outputs: list[str]
+    """Storages the op created (not views or in-place results of existing storages)."""
+    touched: list[str]
+    """Storages of every tensor output, including views and in-place results."""
+    flops: float
+    bytes_accessed: float
+    is_view: bool
+    out_refs: list[torch.Tensor] = field(default_factory=list)
+    node: Any = None
+    input_saves: int = 0
+    output_saves: int = 0
+
+
+@dataclass
+class SaveRecord:
+    storage: str | None
+    """Workload tensor name, or None for a parameter or buffer."""
+    nbytes: int
+    call: str
+    gap: int
+    """Number of ops dispatched before this save."""
+    reader: int = -1
+
+
+@dataclass
+class Trace:
+    ops: list[OpRecord]
+    saves: list[SaveRecord]
+    events: list[tuple]
+    """('enter', call) and ('save', save_index) in the order they happened."""
+    calls: dict[str, str | None]
+    """Module call -> the call it ran inside (None at the top)."""
+    call_args: dict[str, list[str | None]]
+    """Module call -> storage name of each positional tensor argument (None: parameter or buffer)."""
+    storage_nbytes: dict[str, int]
+    step_inputs: list[str]
+
+
+class _StorageIds:
+    """Names storages. Every storage seen is kept alive for the traced step, so an address
+    is never reused by another storage while the trace runs."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.names: dict[tuple, str] = {}
+        self.nbytes: dict[str, int] = {}
+        self.keep: list[Any] = []
+        self.frozen: set[tuple] = set()
+        for tensor in list(model.parameters()) + list(model.buffers()):
+            self.frozen.add(self.key(tensor))
+        self.step_inputs: list[str] = []
+
+    @staticmethod
+    def key(t: torch.Tensor) -> tuple:
+        return (t.device.type, t.device.index, t.untyped_storage().data_ptr())
+
+    def lookup(self, t: torch.Tensor) -> str | None:
+        """Name of ``t``'s storage; None for parameters, buffers and empty tensors. An unseen
+        storage that is not a parameter is a step input."""
+        if t.untyped_storage().nbytes() == 0:
+            return None
+        key = self.key(t)
+        if key in self.frozen:
+            return None
+        name = self.names.get(key)
+        if name is None:
+            name = f"input{len(self.step_inputs)}"
+            self._add(key, name, t)
+            self.step_inputs.append(name)
+        return name
+
+    def _add(self, key: tuple, name: str, t: torch.Tensor) -> None:
+        self.names[key] = name
+        self.nbytes[name] = t.untyped_storage().nbytes()
+        self.keep.append(t)
+
+
+def _tensors(tree) -> list[torch.Tensor]:
+    return [x for x in tree_flatten(tree)[0] if isinstance(x, torch.Tensor)]
+
+
+class _Recorder(TorchDispatchMode):
+    def __init__(self, tracer: "Tracer") -> None:
+        super().__init__()
+        self.tracer = tracer
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _IGNORED_OPS:
+            return func(*args, **kwargs)
+        return self.tracer.on_op(func, args, kwargs)
+
+
+class Tracer:
+    """Records one forward pass. Use :func:`trace_step`."""
+
+    def __init__(self, model: torch.nn.Module, timer) -> None:
+        self.model = model
+        self.ids = _StorageIds(model)
+        self.timer = timer
+        self.ops: list[OpRecord] = []
+        self.saves: list[SaveRecord] = []
+        self.events: list[tuple] = []
+        self.stack: list[str] = []
+        self.call_counts: dict[str, int] = {}
+        self.calls: dict[str, str | None] = {}
+        self.call_args: dict[str, list[str | None]] = {}
+        self.direct_ops: dict[str, int] = {}
+        self.paths = {id(m): name for name, m in model.named_modules()}
+        self.fwd_times: list[float] = []
+
+    # ---- module calls ---------------------------------------------------------------------
+    def on_enter(self, module, args) -> None:
+        path = self.paths.get(id(module))
+        if path is None:
+            return
+        path = path or "model"
+        k = self.call_counts.get(path, 0)
+        self.call_counts[path] = k + 1
+        call = path if k == 0 else f"{path}@{k}"
+        self.calls[call] = self.stack[-1] if self.stack else None
+        self.call_args[call] = [self.ids.lookup(a) for a in args if isinstance(a, torch.Tensor)]
+        self.stack.append(call)
+        self.events.append(("enter", call))
+
+    def on_exit(self, module, args, output) -> None:
+        if self.paths.get(id(module)) is not None and self.stack:
+            self.stack.pop()
+
+    def current_call(self) -> str:
+        return self.stack[-1] if self.stack else "loss_fn"
+
+    # ---- ops --------------------------------------------------------------------------------
+    def _resolve_previous_node(self) -> None:
+        # Autograd attaches an op's node to its outputs after the dispatcher returns, so the
+        # node is read when the next op starts (before a later in-place op replaces it).
+        if self.ops and self.ops[-1].node is None:
+            prev = self.ops[-1]
+            prev.node = next((t.grad_fn for t in prev.out_refs if t.grad_fn is not None), False)
+            prev.out_refs = []
+
+    def on_op(self, func, args, kwargs):
+        self._resolve_previous_node()
+        in_tensors = _tensors((args, kwargs))
+        inputs: list[str] = []
+        for t in in_tensors:
+            name = self.ids.lookup(t)
+            if name is not None and name not in inputs:
+                inputs.append(name)
+        start = self.timer.start()
+        out = func(*args, **kwargs)
+        elapsed = self.timer.stop(start)
+        out_tensors = _tensors(out)
+        call = self.current_call()
+        j = self.direct_ops.get(call, 0)
+        self.direct_ops[call] = j + 1
+        aten = str(func.overloadpacket.__name__) if hasattr(func, "overloadpacket") else str(func)
+        index = len(self.ops)
+        outputs, touched = [], []
+        for i, t in enumerate(out_tensors):
+            if t.untyped_storage().nbytes() == 0:
+                continue
+            key = self.ids.key(t)
+            if key in self.ids.frozen:
+                continue
+            name = self.ids.names.get(key)
+            if name is None:
+                name = f"{call}/{aten}#{j}:{i}"
+                self.ids._add(key, name, t)
+                outputs.append(name)
+            if name not in touched:
+                touched.append(name)
+        packet = getattr(func, "overloadpacket", None)
+        flops = 0.0
+        if packet in flop_registry:
+            flops = float(flop_registry[packet](*args, **kwargs, out_val=out))
+        is_view = bool(getattr(func, "is_view", False))
+        moved = 0 if is_view else sum(t.nbytes for t in in_tensors) + sum(t.nbytes for t in out_tensors)
+        self.ops.append(OpRecord(
+            index=index, name=f"{call}/{aten}#{j}", func=func, aten=aten, call=call, inputs=inputs, outputs=outputs, touched=touched,
+            flops=flops, bytes_accessed=float(moved), is_view=is_view, out_refs=out_tensors,
+        ))
+        self.fwd_times.append(elapsed)
+        return out
+
+    # ---- saves ------------------------------------------------------------------------------
+    def on_pack(self, t: torch.Tensor):
+        name = self.ids.lookup(t) if t.untyped_storage().nbytes() else None
+        self.saves.append(SaveRecord(storage=name, nbytes=t.untyped_storage().nbytes(), call=self.current_call(),
+                                     gap=len(self.ops)))
+        self.events.append(("save", len(self.saves) - 1))
+        return t
+
+    def trace(self) -> Trace:
+        _attribute_saves(self.ops, self.saves)
+        return Trace(ops=self.ops, saves=self.saves, events=self.events, calls=self.calls,
+                     call_args=self.call_args, storage_nbytes=self.ids.nbytes, step_inputs=self.ids.step_inputs)
+
+
+def _attribute_saves(ops: list[OpRecord], saves: list[SaveRecord]) -> None:
+    """Give each save its reader op: the op before the save when it saved one of that op's
+    outputs (autograd saves outputs right after the op), else the op after (inputs are
+    saved right before). A storage that is both, saved twice in a row, is the earlier op's
+    output first and the later op's input second."""
+    by_gap: dict[int, list[SaveRecord]] = {}
+    for s in saves:
+        by_gap.setdefault(s.gap, []).append(s)
+    for gap, group in by_gap.items():
+        before = ops[gap - 1] if gap > 0 else None
+        after = ops[gap] if gap < len(ops) else None
+        before_out = set(before.touched) if before else set()
+        after_in = set(after.inputs) if after else set()
+        input_phase = False
+        given_before: set[str | None] = set()
+        for s in group:
+            in_before = before is not None and s.storage in before_out
+            in_after = after is not None and (s.storage in after_in or s.storage is None)
+            if s.storage is None and after is None:
+                in_after, in_before = False, before is not None
+            if in_before and (not in_after or (not input_phase and s.storage not in given_before)):
+                s.reader = before.index
+                before.output_saves += 1
+                given_before.add(s.storage)
+            elif after is not None and (in_after or before is None):
+                s.reader = after.index
+                after.input_saves += 1
+                input_phase = True
+            else:
+                # A save of a tensor neither op touches (a closure-held tensor): the op that
+                # just ran is the one whose backward holds it.
+                s.reader = before.index
+                before.output_saves += 1
+
+
+class WallTimer:
+    def start(self):
+        return time.perf_counter()
+
+    def stop(self, start) -> float:
+        return time.perf_counter() - start
+
+
+class CudaTimer:
+    """Times ops with CUDA events; values are resolved after the step synchronizes."""
+
+    def start(self):
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
+    def stop(self, start):
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return (start, ev)
+
+    @staticmethod
+    def resolve(value) -> float:
+        if isinstance(value, tuple):
+            return value[0].elapsed_time(value[1]) / 1e3
+        return float(value)
+
+
+def run_traced(model, batch, loss_fn, *, timer) -> tuple[Trace, list[float], torch.Tensor]:
+    """Run forward (traced) and backward (nodes timed). Returns the trace, the per-op
+    forward times (seconds, or CUDA event pairs) and backward times."""
+    tracer = Tracer(model, timer)
+    pre = torch.nn.modules.module.register_module_forward_pre_hook(tracer.on_enter)
+    post = torch.nn.modules.module.register_module_forward_hook(tracer.on_exit)
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(tracer.on_pack, lambda t: t):
+            with _Recorder(tracer):
+                loss = loss_fn(model, batch)
+    finally:
+        pre.remove()
+        post.remove()
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.requires_grad:
+        from ..errors import ValidationError
+
+        raise ValidationError("loss_fn(model, batch) must return a scalar tensor that requires grad")
+    # Time each op's autograd node (found in _resolve_previous_node) during backward.
+    tracer._resolve_previous_node()
+    bwd_marks: dict[int, list] = {}
+    seen_nodes: set[int] = set()
+    handles = []
+    for op in tracer.ops:
+        node = op.node
+        if not node or id(node) in seen_nodes:
+            continue
+        seen_nodes.add(id(node))
+        op.node = node
+        marks: list = []
+        bwd_marks[op.index] = marks
+
+        def pre_hook(grad_outputs, marks=marks):
+            marks.append(timer.start())
+
+        def post_hook(grad_inputs, grad_outputs, marks=marks):
+            marks.append(timer.stop(marks.pop()))
+
+        handles.append(node.register_prehook(pre_hook))
+        handles.append(node.register_hook(post_hook))
+    loss.backward()
+    for h in handles:
+        h.remove()
+    bwd_times = [bwd_marks.get(op.index, [0.0])[-1] if bwd_marks.get(op.index) else 0.0 for op in tracer.ops]
+    for op in tracer.ops:
+        op.node = None
+    return tracer.trace(), tracer.fwd_times, bwd_times
