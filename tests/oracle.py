@@ -34,6 +34,9 @@ class OracleResult:
     """(direction, tensor, start_s, end_s) of every copy."""
     memory_by_instant: dict = field(default_factory=dict)
     """time_s -> bytes in use once the instant is over, for instants where it changed."""
+    missing: list = field(default_factory=list)
+    """(kind, op name, tensor) for every saved tensor a task reads that is not on the device when it
+    starts: the recompute groups failed to bring it back. Should stay empty."""
 
 
 class _CopyState:
@@ -159,6 +162,8 @@ def oracle_simulate(workload, hardware, plan, budget_bytes=None) -> OracleResult
                         if now > ready_at:
                             out.stall_memory_s += now - ready_at
                             out.stalls.append(("stall_memory", name, ready_at, now))
+                        reads = reads_in_backward(task[1]) if task[0] == "backward" else ops[task[1]].inputs
+                        out.missing.extend((task[0], name, t) for t in reads if t in action and t not in on_device)
                         on_device.update(new)
                         if task[0] == "recompute":
                             group_owned.update(new)

@@ -120,6 +120,8 @@ def check_case(workload, hardware, plan, budget, seen: Counter) -> None:
             seen["infeasible"] += 1
             return
         raise AssertionError("the oracle found the plan infeasible, the simulator did not")
+    # The recompute groups (schedule.derive_recompute_groups) put back everything each task reads.
+    assert expected.missing == []
     timeline = simulate(workload, hardware, plan, budget)
     assert timeline == simulate(workload, hardware, plan, budget), "two runs differ"
     got = (timeline.step_time_s, timeline.peak_memory_bytes, timeline.d2h_bytes, timeline.h2d_bytes,

@@ -69,9 +69,10 @@ def derive_recompute_groups(
         for name in workload.bwd_reads[bwd_op.name]:
             if name in resident or name in temps:
                 continue
-            if actions.get(name) is not Action.RECOMPUTE:
+            action = actions.get(name)
+            if action is not Action.RECOMPUTE:
                 raise ValidationError(
-                    f"backward of {bwd_op.name!r} needs {name!r} ({actions.get(name, 'no action')}), "
+                    f"backward of {bwd_op.name!r} needs {name!r} ({action.value if action else 'no action'}), "
                     "which is not on the device at that step: prefetch it earlier or recompute it"
                 )
             rebuild(name)

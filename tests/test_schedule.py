@@ -1,0 +1,134 @@
+"""Schedule derivation: first-use steps, recompute groups, prefetch steps and make_plan."""
+
+from __future__ import annotations
+
+import pytest
+
+from slackswap.errors import ValidationError
+from slackswap.hardware import Hardware
+from slackswap.plans import Action, check_plan
+from slackswap.schedule import (
+    backward_step_starts_s, derive_recompute_groups, first_use_step, make_plan, prefetch_alap,
+)
+from slackswap.sim import simulate
+from slackswap.workloads.synthetic import chain, dag
+
+K, S, R = Action.KEEP, Action.SWAP, Action.RECOMPUTE
+
+
+def link(rate: float) -> Hardware:
+    return Hardware(name="toy", peak_flops_per_s=1.0, gemm_efficiency=1.0, attention_efficiency=1.0,
+                    hbm_bytes_per_s=1.0, hbm_efficiency=1.0, hbm_capacity_bytes=10**6,
+                    d2h_bytes_per_s=rate, h2d_bytes_per_s=rate, copy_latency_s=0.0)
+
+
+def full(workload, actions):
+    return {t.name: actions.get(t.name, K) for t in workload.saved_tensors}
+
+
+def shared_reader_workload():
+    # p is read by the backward of op1 and op2; op2 also reads q, made by op1 from p.
+    return dag([("op0", ["x"], ["p"]), ("op1", ["p"], ["q"]), ("op2", ["p", "q"], ["y"])],
+               {"x": 1, "p": 100, "q": 100, "y": 1}, {"x": ["op0"], "p": ["op1", "op2"], "q": ["op2"]})
+
+
+def test_first_use_step_is_the_backward_step_of_the_latest_reader():
+    w = chain(4)
+    assert [first_use_step(w, f"a{i}") for i in range(3)] == [2, 1, 0]
+    assert first_use_step(w, "x") == 3
+    assert first_use_step(shared_reader_workload(), "p") == 0
+
+
+def test_no_recompute_no_groups():
+    w = chain(4)
+    assert derive_recompute_groups(w, full(w, {"a0": S}), {"a0": 2}) == {}
+
+
+def test_each_recompute_tensor_rebuilt_before_its_first_reader():
+    w = chain(5)
+    groups = derive_recompute_groups(w, full(w, {"a0": R, "a2": R}), {})
+    assert groups == {"op3": ("op2",), "op1": ("op0",)}
+
+
+def test_recompute_chain_and_swapped_input_not_yet_back():
+    w = chain(4)
+    # a1's producer reads a0: recomputed a0 is rebuilt first.
+    assert derive_recompute_groups(w, full(w, {"a0": R, "a1": R}), {}) == {"op2": ("op0", "op1")}
+    # a0 swapped but prefetched only at its own first use (step 2): step 1 must rebuild it too.
+    assert derive_recompute_groups(w, full(w, {"a0": S, "a1": R}), {"a0": 2}) == {"op2": ("op0", "op1")}
+    # prefetched at step 1, it is back in time: only op1 re-runs.
+    assert derive_recompute_groups(w, full(w, {"a0": S, "a1": R}), {"a0": 1}) == {"op2": ("op1",)}
+
+
+def test_resident_inputs_are_reused_and_rebuilt_tensors_stay_for_later_readers():
+    # op2 makes r from k; r is first read at step 0 (op3's backward), while k, kept for op1's
+    # backward (step 2), is still resident: only op2 re-runs.
+    w = dag([("op0", ["x"], ["k"]), ("op1", ["k"], ["m"]), ("op2", ["k"], ["r"]), ("op3", ["r"], ["y"])],
+            {"x": 1, "k": 10, "m": 10, "r": 10, "y": 1}, {"x": ["op0"], "k": ["op1"], "r": ["op3"]})
+    assert derive_recompute_groups(w, full(w, {"r": R}), {}) == {"op3": ("op2",)}
+    # With k recomputed too, it is rebuilt for r at step 0 and stays for op1's backward at step 2.
+    assert derive_recompute_groups(w, full(w, {"r": R, "k": R}), {}) == {"op3": ("op0", "op2")}
+
+
+def test_kept_tensor_past_its_last_reader_is_rebuilt_when_needed_again():
+    # k is kept for op2's backward (step 1); r, recomputed for op1's backward (step 2), is made from k,
+    # which is gone by then: op0 re-runs to make k again.
+    w = dag([("op0", ["x"], ["k"]), ("op1", ["k"], ["r"]), ("op2", ["k"], ["m"]), ("op3", ["m"], ["y"])],
+            {"x": 1, "k": 10, "r": 10, "m": 10, "y": 1}, {"x": ["op0"], "k": ["op2"], "r": ["op1"]})
+    assert derive_recompute_groups(w, full(w, {"r": R}), {}) == {"op1": ("op0", "op1")}
+
+
+def test_recomputed_tensor_with_two_readers_is_rebuilt_once():
+    w = shared_reader_workload()
+    assert derive_recompute_groups(w, full(w, {"p": R}), {}) == {"op2": ("op0",)}
+
+
+def test_transient_links_are_always_rebuilt():
+    w = dag([("op0", ["x"], ["s"]), ("op1", ["s"], ["p"]), ("op2", ["p"], ["y"])],
+            {"x": 1, "s": 50, "p": 100, "y": 1}, {"x": ["op0"], "p": ["op2"]})
+    assert derive_recompute_groups(w, full(w, {"p": R}), {}) == {"op2": ("op0", "op1")}
+
+
+def test_swap_needed_before_its_prefetch_is_an_error():
+    w = chain(3)
+    with pytest.raises(ValidationError, match=r"backward of 'op1' needs 'a0' \(swap\), which is not on the device"):
+        derive_recompute_groups(w, full(w, {"a0": S}), {"a0": 2})
+
+
+def test_backward_step_starts_include_recompute_time():
+    w = chain(3, fwd_time_s=(0.5, 1.0, 1.0), bwd_time_s=2.0)
+    assert backward_step_starts_s(w, {}) == [0.0, 2.0, 4.0]
+    assert backward_step_starts_s(w, {"op1": ("op0",)}) == [0.0, 2.0, 4.5]
+
+
+def test_prefetch_alap_issues_each_copy_as_late_as_it_can_hide():
+    w = chain(4)  # backward steps start at 0, 2, 4, 6 s; a0 is first read at step 2, a1 at step 1
+    actions = full(w, {"a0": S})
+    assert prefetch_alap(w, actions, link(1000.0)) == {"a0": 1}  # 0.1 s copy: issue at 2 s, done by 4 s
+    assert prefetch_alap(w, actions, link(100.0)) == {"a0": 1}   # 1 s copy: must start by 3 s
+    assert prefetch_alap(w, actions, link(40.0)) == {"a0": 0}    # 2.5 s copy: must start by 1.5 s
+    assert prefetch_alap(w, actions, link(100.0), lead_s=1.5) == {"a0": 0}
+
+
+def test_prefetch_alap_keeps_the_in_order_stream_free_for_the_next_copy():
+    w = chain(4)
+    # a0 (step 2) is issued at step 1 (2 s); a1 (step 1) must then land by 2 s: its 1 s copy starts by 1 s.
+    steps = prefetch_alap(w, full(w, {"a0": S, "a1": S}), link(100.0))
+    assert steps == {"a0": 1, "a1": 0}
+    timeline = simulate(w, link(100.0), make_plan(w, {"a0": S, "a1": S}, policy="alap", budget_bytes=None,
+                                                   hardware=link(100.0)))
+    assert timeline.stall_copy_s == 0.0
+
+
+def test_make_plan_defaults_and_checks():
+    w = chain(4)
+    plan = make_plan(w, {"a1": R, "a2": S}, policy="p", budget_bytes=500)
+    assert plan.actions == {"x": K, "a0": K, "a1": R, "a2": S}
+    assert plan.prefetch_step == {"a2": 0}  # without hardware: at first use
+    assert plan.recompute_groups == {"op2": ("op1",)}
+    assert (plan.count(R), plan.bytes_with(w, S)) == (1, 100)
+    check_plan(w, plan)
+    with_hw = make_plan(w, {"a0": S}, policy="p", budget_bytes=None, hardware=link(100.0))
+    assert with_hw.prefetch_step == {"a0": 1}
+    with pytest.raises(ValidationError, match="actions name tensors the workload does not save"):
+        make_plan(w, {"a3": S}, policy="p", budget_bytes=None)
