@@ -9,9 +9,20 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .errors import ValidationError
+from .errors import OutputPathError, ValidationError
 
 _REQUIRED = object()  # sentinel: the field has no default
+
+MAX_INT = 2**53
+"""Largest integer a field accepts: beyond it JSON tools lose precision and byte counts are absurd (8 PiB)."""
+
+
+def show(value: Any, limit: int = 60) -> str:
+    """repr() for messages: one line, bounded length, safe for integers too long to print."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 10**30:
+        return f"an integer of {value.bit_length()} bits"
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def read_json_file(path: str | os.PathLike, what: str) -> Any:
@@ -21,7 +32,10 @@ def read_json_file(path: str | os.PathLike, what: str) -> Any:
     except FileNotFoundError:
         raise ValidationError(f"{what} file {str(path)!r} does not exist: check the path") from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise ValidationError(f"cannot read {what} file {str(path)!r}: {exc.__class__.__name__}: {exc}") from None
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else f"{exc.__class__.__name__}: {exc}"
+        raise ValidationError(
+            f"cannot read {what} file {str(path)!r}: {reason}; check it is a readable UTF-8 JSON file"
+        ) from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
@@ -29,39 +43,58 @@ def read_json_file(path: str | os.PathLike, what: str) -> Any:
             f"{what} file {str(path)!r} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}); "
             "fix the file or export it again"
         ) from None
+    except (ValueError, RecursionError) as exc:
+        # Nesting deeper than Python's recursion limit, or an integer over its digit limit.
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc).split(";")[0]
+        raise ValidationError(
+            f"{what} file {str(path)!r} is not valid JSON for slackswap ({reason}); fix the file or export it again"
+        ) from None
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     """Write through a temporary file and rename, so a failure never leaves half a file."""
-    target = Path(path)
-    directory = target.parent if str(target.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_bytes_atomic(path, text.encode("utf-8"))
 
 
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to a temporary file beside ``path``, then rename it over ``path``.
+
+    A failure leaves no temporary file and leaves an existing ``path`` as it was; it is
+    raised as OutputPathError (one line, naming the path), never as a bare OSError.
+    """
     target = Path(path)
     directory = target.parent if str(target.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
+    tmp = None
     try:
+        if target.is_dir():
+            raise IsADirectoryError(21, "Is a directory")
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
         os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+        tmp = None
+    except OSError as exc:
+        reason = exc.strerror or exc.__class__.__name__
+        raise OutputPathError(
+            f"cannot write {str(path)!r}: {reason}: give a file path in an existing, writable directory"
+        ) from None
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+
+
+def is_text(value: Any) -> bool:
+    """A non-empty string that can be written out as UTF-8 (JSON allows lone surrogates such as "\\ud800")."""
+    if not isinstance(value, str) or not value:
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 class Fields:
@@ -84,46 +117,52 @@ class Fields:
 
     def str(self, key: str, default: Any = _REQUIRED) -> str:
         value = self._get(key, default)
-        if not isinstance(value, str) or not value:
-            raise ValidationError(f"{self.where}.{key} must be a non-empty string, got {value!r}")
+        if not is_text(value):
+            raise ValidationError(f"{self.where}.{key} must be a non-empty string, got {show(value)}")
         return value
 
     def opt_str(self, key: str) -> str | None:
         value = self._get(key, None)
-        if value is not None and (not isinstance(value, str) or not value):
-            raise ValidationError(f"{self.where}.{key} must be a non-empty string or null, got {value!r}")
+        if value is not None and not is_text(value):
+            raise ValidationError(f"{self.where}.{key} must be a non-empty string or null, got {show(value)}")
         return value
 
     def number(self, key: str, *, positive: bool = False, default: Any = _REQUIRED,
                at_most: float | None = None) -> float:
         value = self._get(key, default)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValidationError(f"{self.where}.{key} must be a number, got {value!r}")
-        if not math.isfinite(value):
-            raise ValidationError(f"{self.where}.{key} must be finite, got {value!r}")
+            raise ValidationError(f"{self.where}.{key} must be a number, got {show(value)}")
+        try:
+            finite = math.isfinite(value)
+        except OverflowError:  # an integer beyond the float range
+            finite = False
+        if not finite:
+            raise ValidationError(f"{self.where}.{key} must be finite, got {show(value)}")
         if value < 0 or (positive and value == 0):
             need = "positive" if positive else "zero or positive"
-            raise ValidationError(f"{self.where}.{key} must be {need}, got {value!r}")
+            raise ValidationError(f"{self.where}.{key} must be {need}, got {show(value)}")
         if at_most is not None and value > at_most:
-            raise ValidationError(f"{self.where}.{key} must be at most {at_most}, got {value!r}")
+            raise ValidationError(f"{self.where}.{key} must be at most {at_most}, got {show(value)}")
         return float(value)
 
     def int(self, key: str, *, positive: bool = False, default: Any = _REQUIRED, minimum: int | None = None) -> int:
         value = self._get(key, default)
         if isinstance(value, bool) or not isinstance(value, int):
-            if isinstance(value, float) and value.is_integer() and math.isfinite(value):
+            if isinstance(value, float) and math.isfinite(value) and value.is_integer():
                 value = int(value)
             else:
-                raise ValidationError(f"{self.where}.{key} must be an integer, got {value!r}")
+                raise ValidationError(f"{self.where}.{key} must be an integer, got {show(value)}")
         low = minimum if minimum is not None else (1 if positive else 0)
         if value < low:
-            raise ValidationError(f"{self.where}.{key} must be at least {low}, got {value!r}")
+            raise ValidationError(f"{self.where}.{key} must be at least {low}, got {show(value)}")
+        if value > MAX_INT:
+            raise ValidationError(f"{self.where}.{key} must be at most {MAX_INT} (2**53), got {show(value)}")
         return value
 
     def str_list(self, key: str, default: Any = _REQUIRED) -> tuple[str, ...]:
         value = self._get(key, default)
-        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-            raise ValidationError(f"{self.where}.{key} must be a list of non-empty strings, got {value!r}")
+        if not isinstance(value, list) or not all(is_text(v) for v in value):
+            raise ValidationError(f"{self.where}.{key} must be a list of non-empty strings, got {show(value)}")
         return tuple(value)
 
     def list(self, key: str) -> list:

@@ -40,6 +40,10 @@ class PlanMismatchError(SlackswapError):
     """A plan was made for another workload (or another version of the model)."""
 
 
+class OutputPathError(SlackswapError):
+    """An output file that cannot be written (missing directory, a directory, no permission)."""
+
+
 class MissingExtraError(SlackswapError):
     """An optional dependency is not installed."""
 

@@ -16,6 +16,8 @@ from .errors import UnknownNameError, ValidationError
 from .units import GB
 
 HARDWARE_FORMAT = "slackswap.hardware/1"
+_MIN_FRACTION = 1e-3
+_MAX_COPY_LATENCY_S = 1.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -58,6 +60,19 @@ class Hardware:
         for key in ("gemm_efficiency", "attention_efficiency", "hbm_efficiency", "duplex_h2d_factor", "duplex_d2h_factor"):
             if getattr(self, key) > 1:
                 raise ValidationError(f"hardware.{key} is a fraction and must be at most 1, got {getattr(self, key)!r}")
+            # Sanity floors keep every derived time finite (a size over a rate of 1e-300 is inf).
+            if getattr(self, key) < _MIN_FRACTION:
+                raise ValidationError(
+                    f"hardware.{key} is {getattr(self, key)!r}; a fraction below {_MIN_FRACTION} is a typo: use 0.001 to 1"
+                )
+        for key in ("peak_flops_per_s", "hbm_bytes_per_s", "d2h_bytes_per_s", "h2d_bytes_per_s"):
+            if getattr(self, key) < 1:
+                raise ValidationError(f"hardware.{key} is {getattr(self, key)!r}; it must be at least 1 per second")
+        if self.copy_latency_s > _MAX_COPY_LATENCY_S:
+            raise ValidationError(
+                f"hardware.copy_latency_s is {self.copy_latency_s!r} s; copy latencies are microseconds "
+                f"(6e-6), at most {_MAX_COPY_LATENCY_S} s"
+            )
 
     @property
     def achieved_gemm_flops_per_s(self) -> float:

@@ -94,16 +94,13 @@ class Timeline:
         f.used.add("budget_bytes")
         if budget is not None:
             budget = f.int("budget_bytes", positive=True)
-        events = []
-        for i, row in enumerate(f.list("events")):
-            if not (isinstance(row, list) and len(row) == 7 and row[0] in STREAMS and row[1] in EVENT_KINDS):
-                raise ValidationError(f"timeline.events[{i}] must be [stream, kind, name, start_s, end_s, size_bytes, step]")
-            events.append(Event(row[0], row[1], str(row[2]), float(row[3]), float(row[4]), int(row[5]), int(row[6])))
+        events = [_event(row, i) for i, row in enumerate(f.list("events"))]
         memory = []
         for i, row in enumerate(f.list("memory")):
             if not (isinstance(row, list) and len(row) == 2):
                 raise ValidationError(f"timeline.memory[{i}] must be [time_s, bytes]")
-            memory.append((float(row[0]), int(row[1])))
+            point = Fields(dict(zip(("time_s", "bytes"), row)), f"timeline.memory[{i}]")
+            memory.append((point.number("time_s"), point.int("bytes")))
         timeline = cls(
             workload_name=f.str("workload"), hardware_name=f.str("hardware"), policy=f.str("policy"),
             budget_bytes=budget, step_time_s=f.number("step_time_s"), ideal_step_time_s=f.number("ideal_step_time_s"),
@@ -117,3 +114,22 @@ class Timeline:
     @classmethod
     def load(cls, path) -> "Timeline":
         return cls.from_dict(read_json_file(path, "timeline"))
+
+
+_EVENT_FIELDS = ("stream", "kind", "name", "start_s", "end_s", "size_bytes", "step")
+
+
+def _event(row: Any, i: int) -> Event:
+    where = f"timeline.events[{i}]"
+    if not (isinstance(row, list) and len(row) == len(_EVENT_FIELDS)):
+        raise ValidationError(f"{where} must be [{', '.join(_EVENT_FIELDS)}]")
+    f = Fields(dict(zip(_EVENT_FIELDS, row)), where)
+    stream, kind = f.str("stream"), f.str("kind")
+    if stream not in STREAMS:
+        raise ValidationError(f"{where}.stream is {stream!r}: use one of {', '.join(STREAMS)}")
+    if kind not in EVENT_KINDS:
+        raise ValidationError(f"{where}.kind is {kind!r}: use one of {', '.join(EVENT_KINDS)}")
+    start_s, end_s = f.number("start_s"), f.number("end_s")
+    if end_s < start_s:
+        raise ValidationError(f"{where} ends at {end_s!r} s, before it starts at {start_s!r} s")
+    return Event(stream, kind, f.str("name"), start_s, end_s, f.int("size_bytes"), f.int("step", minimum=-1))

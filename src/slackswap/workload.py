@@ -17,10 +17,12 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Mapping
 
-from ._fields import Fields, read_json_file, write_text_atomic
+from ._fields import MAX_INT, Fields, read_json_file, show, write_text_atomic
 from .errors import ValidationError
 
 WORKLOAD_FORMAT = "slackswap.workload/1"
+MAX_OP_TIME_S = 1e6
+"""Longest op accepted: beyond it the input is a unit mistake, and sums of such times could overflow."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -199,6 +201,13 @@ class Workload:
         return cls.from_dict(read_json_file(path, "workload"))
 
 
+def _finite(value: float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int beyond the float range
+        return False
+
+
 def _validate(w: Workload) -> None:
     """Check references, order (which rules out cycles) and numbers. One error, naming the field."""
     if not w.ops:
@@ -211,16 +220,22 @@ def _validate(w: Workload) -> None:
         op_pos[op.name] = i
         for key in ("fwd_time_s", "bwd_time_s", "flops", "bytes_accessed"):
             value = getattr(op, key)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-                raise ValidationError(f"{where}.{key} must be a finite number >= 0, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value) or value < 0:
+                raise ValidationError(f"{where}.{key} must be a finite number >= 0, got {show(value)}")
+        for key in ("fwd_time_s", "bwd_time_s"):
+            if getattr(op, key) > MAX_OP_TIME_S:
+                raise ValidationError(
+                    f"{where}.{key} is {getattr(op, key)!r} s, more than {MAX_OP_TIME_S:.0e} s (11.6 days) "
+                    "for one op: times are in seconds"
+                )
     tensors: dict[str, Tensor] = {}
     for i, t in enumerate(w.tensors):
         where = f"workload.tensors[{i}] ({t.name!r})"
         if t.name in tensors:
             raise ValidationError(f"{where}: duplicate tensor name; tensor names must be unique")
         tensors[t.name] = t
-        if isinstance(t.size_bytes, bool) or not isinstance(t.size_bytes, int) or t.size_bytes <= 0:
-            raise ValidationError(f"{where}.size_bytes must be a positive integer, got {t.size_bytes!r}")
+        if isinstance(t.size_bytes, bool) or not isinstance(t.size_bytes, int) or not 0 < t.size_bytes <= MAX_INT:
+            raise ValidationError(f"{where}.size_bytes must be a positive integer at most 2**53, got {show(t.size_bytes)}")
         if t.producer is not None and t.producer not in op_pos:
             raise ValidationError(f"{where}.producer names unknown op {t.producer!r}")
         for reader in t.bwd_readers:
