@@ -10,16 +10,18 @@ from __future__ import annotations
 import math
 from collections import Counter
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from oracle import oracle_simulate
 from slackswap.errors import InfeasiblePlanError
-from slackswap.hardware import Hardware
+from slackswap.hardware import PRESETS, Hardware
 from slackswap.plans import Action
 from slackswap.schedule import first_use_step, make_plan
 from slackswap.sim import simulate
 from slackswap.workload import Op, Tensor, Workload
+from slackswap.workloads.models import build_model_workload
 
 SIZES = (25, 50, 100, 150, 200, 300)
 TIMES = (0.0, 0.25, 0.5, 1.0, 1.5, 2.0)
@@ -173,3 +175,46 @@ def test_simulator_agrees_with_the_oracle(summary_lines):
     # The generator must reach every kind of behaviour, or agreement means little.
     for key in ("infeasible", "stall_copy", "stall_memory", "recompute", "duplex overlap", "budget binds"):
         assert seen[key] >= 10, (key, seen)
+
+
+def _close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-15)
+
+
+@pytest.mark.parametrize("model", ["bert-large", "gpt2-xl", "llama-7b"])
+def test_two_layer_transformers_agree_with_the_oracle(model, summary_lines):
+    """Real op graphs and real (non-dyadic) times: figures agree up to float summation order."""
+    hardware = PRESETS["a100-40gb-pcie4"]
+    workload = build_model_workload(model, hardware, layers=2)
+    movable = [t.name for t in workload.saved_tensors if t.producer is not None]
+    cycle = (Action.SWAP, Action.RECOMPUTE, Action.KEEP)
+    plans = [{name: cycle[(i + shift) % 3] for i, name in enumerate(movable)} for shift in range(3)]
+    plans.append({name: Action.SWAP for name in movable})
+    compared = memory_waits = 0
+    for actions in plans:
+        plan = make_plan(workload, actions, policy="cycle", budget_bytes=None, hardware=hardware)
+        peak = simulate(workload, hardware, plan).peak_memory_bytes
+        for budget in (None, peak, int(peak * 0.95), int(peak * 0.8), int(peak * 0.6)):
+            try:
+                expected = oracle_simulate(workload, hardware, plan, budget)
+            except InfeasiblePlanError as oracle_error:
+                with pytest.raises(InfeasiblePlanError) as info:
+                    simulate(workload, hardware, plan, budget)
+                assert info.value.needed_bytes == oracle_error.needed_bytes
+                continue
+            timeline = simulate(workload, hardware, plan, budget)
+            assert expected.missing == []
+            assert (timeline.peak_memory_bytes, timeline.d2h_bytes, timeline.h2d_bytes) == (
+                expected.peak_memory_bytes, expected.d2h_bytes, expected.h2d_bytes)
+            for got, want in ((timeline.step_time_s, expected.step_time_s),
+                              (timeline.recompute_time_s, expected.recompute_time_s),
+                              (timeline.stall_copy_s, expected.stall_copy_s),
+                              (timeline.stall_memory_s, expected.stall_memory_s)):
+                assert _close(got, want), (got, want)
+            tasks = [(e.kind, e.name, e.step) for e in timeline.events if e.kind in ("forward", "recompute", "backward")]
+            assert tasks == [(kind, name, step) for kind, name, _, _, step in expected.tasks]
+            compared += 1
+            memory_waits += timeline.stall_memory_s > 0
+    summary_lines.append(f"simulator vs oracle on 2-layer {model}: {compared} plan/budget pairs agree, "
+                         f"{memory_waits} with memory stalls")
+    assert compared >= 8 and memory_waits >= 1
