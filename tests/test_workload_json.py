@@ -70,6 +70,7 @@ BAD = [
     ("tensors.1.size_bytes", -5, "workload.tensors[1].size_bytes must be at least 1"),
     ("tensors.1.size_bytes", 0, "workload.tensors[1].size_bytes must be at least 1"),
     ("tensors.1.size_bytes", 100.5, "workload.tensors[1].size_bytes must be an integer"),
+    ("tensors.1.size_bytes", math.nan, "workload.tensors[1].size_bytes must be an integer"),
     ("ops.0.fwd_time_s", -1.0, "workload.ops[0].fwd_time_s must be zero or positive"),
     ("ops.0.bwd_time_s", math.nan, "workload.ops[0].bwd_time_s must be finite"),
     ("ops.0.fwd_time_s", math.inf, "workload.ops[0].fwd_time_s must be finite"),
