@@ -1,0 +1,93 @@
+"""Copy timing for planning: when swapped tensors can leave and come back.
+
+Both checks model the simulator's streams: one device-to-host (D2H) copy at a time, in
+production order, each starting when its tensor is made and the previous copy is done;
+one host-to-device (H2D) copy at a time in backward. Each copy costs the per-copy
+latency plus its bytes over the link bandwidth.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from ..hardware import Hardware
+from .common import Facts
+
+
+def d2h_time_s(hardware: Hardware, size_bytes: int) -> float:
+    return hardware.copy_latency_s + size_bytes / hardware.d2h_bytes_per_s
+
+
+def d2h_finish_s(facts: Facts, hardware: Hardware, swapped: Iterable[str]) -> dict[str, float]:
+    """When each swapped tensor's copy out ends, from the start of the step, if compute never waits."""
+    order = {n: i for i, n in enumerate(facts.candidates)}
+    free_at = 0.0
+    ends: dict[str, float] = {}
+    for name in sorted(swapped, key=order.__getitem__):
+        start = max(free_at, facts.produced_at_s[name])
+        free_at = ends[name] = start + d2h_time_s(hardware, facts.size[name])
+    return ends
+
+
+def d2h_hidden(facts: Facts, hardware: Hardware, swapped: Iterable[str]) -> bool:
+    """Every copy out ends before the forward pass does (so it frees memory before the peak)."""
+    ends = d2h_finish_s(facts, hardware, swapped)
+    return all(end <= facts.forward_time_s for end in ends.values())
+
+
+def h2d_hidden(facts: Facts, hardware: Hardware, swapped: Iterable[str], *, d2h_tail_s: float = 0.0) -> bool:
+    """Can every copy back land before its first backward use?
+
+    Copies run back to back from the start of backward, earliest first use first (the
+    order that lands the most copies in time on one stream). While copies out still run
+    (``d2h_tail_s`` into backward), the link runs at the duplex-slowed H2D rate.
+    """
+    names = sorted(swapped, key=lambda n: (facts.first_use_s[n], n))
+    now = 0.0
+    full = hardware.h2d_bytes_per_s
+    slow = full * hardware.duplex_h2d_factor
+    for name in names:
+        now += hardware.copy_latency_s
+        size = float(facts.size[name])
+        if now < d2h_tail_s:
+            slow_part = min(size, (d2h_tail_s - now) * slow)
+            now += slow_part / slow
+            size -= slow_part
+        now += size / full
+        if now > facts.first_use_s[name]:
+            return False
+    return True
+
+
+def round_trip_fits(facts: Facts, hardware: Hardware, swapped: Iterable[str],
+                    *, out_deadline_s: float | None = None) -> bool:
+    """Per-tensor slack windows: can every swapped tensor go out and come back in time?
+
+    A tensor's window runs from the end of its producer to its first backward use. Copies
+    out run FIFO in production order (d2h_finish_s) and must end by ``out_deadline_s``
+    (from the step start; None: any time, spilling into backward); copies back run
+    earliest-use first, each no earlier than its own copy out has ended, at the
+    duplex-slowed rate while copies out are still running, and must land before first use.
+    """
+    swapped = list(swapped)
+    if not swapped:
+        return True
+    ends = d2h_finish_s(facts, hardware, swapped)
+    if out_deadline_s is not None and max(ends.values()) > out_deadline_s:
+        return False
+    forward_s = facts.forward_time_s
+    tail_s = max(0.0, max(ends.values()) - forward_s)
+    full = hardware.h2d_bytes_per_s
+    slow = full * hardware.duplex_h2d_factor
+    now = 0.0
+    for name in sorted(swapped, key=lambda n: (facts.first_use_s[n], n)):
+        now = max(now, ends[name] - forward_s) + hardware.copy_latency_s
+        size = float(facts.size[name])
+        if now < tail_s:
+            slow_part = min(size, (tail_s - now) * slow)
+            now += slow_part / slow
+            size -= slow_part
+        now += size / full
+        if now > facts.first_use_s[name]:
+            return False
+    return True

@@ -1,0 +1,131 @@
+"""The simulator-driven repair loop of `slackswap` (rule 5 in slackswap.py).
+
+Each round reads the current plan's simulated timeline, proposes a few single changes
+where the timeline points, simulates each, and keeps the fastest if it beats the current
+plan. A "change" moves one producer's tensors (all outputs of one op that share an
+action) from one action to another, since re-running an op rebuilds all its outputs:
+
+- a swap whose copy back made backward wait, or whose copy out was still running when
+  the forward pass waited for memory, becomes a recompute (or a keep, if memory allows);
+- a recompute becomes a swap when its copies fit the link's free windows (copies.py);
+- a recompute becomes a keep if it is among the costliest to rebuild, and a recompute or
+  swap becomes a keep if backward needs it among the first (it is on the device when
+  backward starts anyway, so keeping it may cost no peak memory).
+
+The loop ends when no proposed change makes the step faster, or after
+``max_simulations`` simulations (a bound on planning time).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..hardware import Hardware
+from ..plans import Action
+from ..workload import Workload
+from .common import Candidate, build, evaluate, facts_for
+from .copies import round_trip_fits
+
+PROPOSALS_PER_KIND = 3
+
+
+@dataclass
+class RepairResult:
+    best: Candidate
+    moves: list[str] = field(default_factory=list)
+    simulations: int = 0
+
+
+def _item(workload: Workload, actions, name: str) -> tuple[str, ...]:
+    """``name`` and its siblings (outputs of the same op) that currently share its action."""
+    op = workload.ops[workload.op_index[workload.tensor_by_name[name].producer]]
+    return tuple(o for o in op.outputs if actions.get(o) is actions[name])
+
+
+def _propose(workload: Workload, hardware: Hardware, current: Candidate, budget_bytes: int):
+    facts = facts_for(workload)
+    actions = current.plan.actions
+    timeline = current.timeline
+    swapped = [n for n in facts.candidates if actions[n] is Action.SWAP]
+    recomputed = [n for n in facts.candidates if actions[n] is Action.RECOMPUTE]
+    headroom = budget_bytes - timeline.peak_memory_bytes if timeline.stall_memory_s == 0 else 0
+    proposals: list[tuple[str, tuple[str, ...], Action]] = []
+    seen: set[tuple[str, ...]] = set()
+
+    def add(names: tuple[str, ...], action: Action, why: str) -> None:
+        if names and (names, action) not in seen:
+            seen.add((names, action))
+            proposals.append((why, names, action))
+
+    # Swaps to blame for stalls: copies back that backward waited for, copies out in flight
+    # while compute waited for memory.
+    blame: dict[str, float] = {}
+    copy_out = [e for e in timeline.events if e.kind == "copy_out"]
+    copy_in = [e for e in timeline.events if e.kind == "copy_in"]
+    for e in timeline.events:
+        if e.kind == "stall_copy":
+            op = workload.ops[workload.op_index[e.name]]
+            reads = workload.bwd_reads[op.name] if e.step >= 0 else ()
+            for n in reads + op.inputs:
+                if actions.get(n) is Action.SWAP:
+                    blame[n] = blame.get(n, 0.0) + e.duration_s
+            # The copy waited for may sit behind others on the in-order stream.
+            for c in copy_in:
+                if c.start_s < e.end_s and c.end_s > e.start_s:
+                    blame[c.name] = blame.get(c.name, 0.0) + min(c.end_s, e.end_s) - max(c.start_s, e.start_s)
+        elif e.kind == "stall_memory":
+            for c in copy_out:
+                if c.start_s < e.end_s and c.end_s > e.start_s:
+                    blame[c.name] = blame.get(c.name, 0.0) + min(c.end_s, e.end_s) - max(c.start_s, e.start_s)
+    order = {n: i for i, n in enumerate(facts.candidates)}
+    for name in sorted(blame, key=lambda n: (-blame[n], order[n]))[:PROPOSALS_PER_KIND]:
+        item = _item(workload, actions, name)
+        add(item, Action.RECOMPUTE, "stalling swap -> recompute")
+        if sum(facts.size[n] for n in item) <= headroom:
+            add(item, Action.KEEP, "stalling swap -> keep")
+    # Copies back that wait for memory: take one more op's tensors off (cheapest rebuild per
+    # byte) to give them room.
+    if timeline.stall_copy_s > 0:
+        kept = [n for n in facts.candidates if actions[n] is Action.KEEP]
+        kept.sort(key=lambda n: (facts.rebuild_time_s[n] / facts.size[n], order[n]))
+        for name in kept[:PROPOSALS_PER_KIND]:
+            add(_item(workload, actions, name), Action.RECOMPUTE, "keep -> recompute (room for copies back)")
+    # Recomputes the link has room for, costliest rebuild first.
+    count = 0
+    for name in sorted(recomputed, key=lambda n: (-facts.rebuild_time_s[n], order[n])):
+        if count >= PROPOSALS_PER_KIND:
+            break
+        if round_trip_fits(facts, hardware, swapped + [name], out_deadline_s=facts.forward_time_s):
+            add(_item(workload, actions, name), Action.SWAP, "recompute -> swap (link has room)")
+            count += 1
+    # Keeps: the costliest rebuilds, and the tensors backward needs soonest (kept or not,
+    # they are on the device at the start of backward, so keeping them may not raise the peak).
+    by_cost = sorted(recomputed, key=lambda n: (-facts.rebuild_time_s[n], order[n]))
+    by_use = sorted(recomputed + swapped, key=lambda n: (facts.first_use_s[n], order[n]))
+    for name in by_cost[:PROPOSALS_PER_KIND] + by_use[:PROPOSALS_PER_KIND]:
+        add(_item(workload, actions, name), Action.KEEP, f"{actions[name].value} -> keep")
+    return proposals
+
+
+def repair(workload: Workload, hardware: Hardware, start: Candidate, budget_bytes: int,
+           *, max_simulations: int = 48) -> RepairResult:
+    result = RepairResult(best=start)
+    while result.simulations < max_simulations:
+        current = result.best
+        winner: Candidate | None = None
+        winner_why = ""
+        for why, names, action in _propose(workload, hardware, current, budget_bytes):
+            if result.simulations >= max_simulations:
+                break
+            actions = dict(current.plan.actions)
+            actions.update({n: action for n in names})
+            plan = build(workload, hardware, actions, current.plan.policy, budget_bytes)
+            cand = evaluate(workload, hardware, plan, budget_bytes)
+            result.simulations += 1
+            if cand.fits and cand.step_time_s < (winner or current).step_time_s:
+                winner, winner_why = cand, f"{why}: {', '.join(names)}"
+        if winner is None:
+            break
+        result.best = winner
+        result.moves.append(winner_why)
+    return result

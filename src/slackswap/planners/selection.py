@@ -1,0 +1,187 @@
+"""Choosing which tensors to recompute, and sizing the choice to a budget with the simulator.
+
+Budget arithmetic: with everything kept, the activation peak is reached when the
+forward pass ends. Taking a tensor off the device (swapped and copied out, or left to
+be recomputed) lowers that point by its size, so a plan needs to take off roughly
+``need = keep-all peak - budget`` bytes. "Roughly" because backward adds memory back
+(rebuilt tensors, copies arriving early), so the sizing loop (``fit_need``) asks the
+simulator for the plan's real peak and raises ``need`` by the overshoot until it fits.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Iterable, Mapping, Sequence
+
+from ..hardware import Hardware
+from ..plans import Action, Plan
+from ..workload import Workload
+from .common import Candidate, Facts, evaluate, facts_for, natural_peak_bytes
+
+_BUCKETS = 4000  # knapsack resolution: need is split into this many byte units
+
+
+def op_items(facts: Facts, names: Iterable[str]) -> list[tuple[str, ...]]:
+    """Group tensors by producer: recomputing one output of an op rebuilds all of them at once."""
+    groups: dict[str, list[str]] = {}
+    by_name = facts.workload.tensor_by_name
+    for name in names:
+        groups.setdefault(by_name[name].producer, []).append(name)
+    return [tuple(v) for v in groups.values()]
+
+
+def cheapest_per_byte(facts: Facts, names: Iterable[str], need_bytes: int) -> list[str]:
+    """Greedy: recompute the tensors with the least rebuild time per byte until ``need_bytes`` are off."""
+    items = op_items(facts, names)
+    order = {n: i for i, n in enumerate(facts.candidates)}
+    items.sort(key=lambda it: (facts.recompute_time_s(it) / sum(facts.size[n] for n in it), order[it[0]]))
+    chosen: list[str] = []
+    saved = 0
+    for item in items:
+        if saved >= need_bytes:
+            break
+        chosen.extend(item)
+        saved += sum(facts.size[n] for n in item)
+    return chosen
+
+
+def knapsack_min_time(facts: Facts, names: Sequence[str], need_bytes: int) -> list[str] | None:
+    """Least total rebuild time whose tensors sum to at least ``need_bytes`` (None if all of them do not).
+
+    A 0-1 knapsack by dynamic programming over ``_BUCKETS`` byte units of ``need``, with
+    sizes rounded to the nearest unit; if rounding leaves the chosen set short of the
+    need, the cheapest remaining items per byte fill the gap. Items are whole
+    producers (op_items). Identical items (the same op in every layer) form one group,
+    split in binary bundles (1, 2, 4, ...) so the program runs over a few dozen bundles
+    instead of hundreds of ops. From a group the earliest-produced items are taken: their
+    rebuilds happen late in backward, when memory has already been freed.
+    """
+    if need_bytes <= 0:
+        return []
+    items = op_items(facts, names)
+    sizes = [sum(facts.size[n] for n in it) for it in items]
+    if sum(sizes) < need_bytes:
+        return None
+    unit = max(1.0, need_bytes / _BUCKETS)
+    cap = math.ceil(need_bytes / unit)
+    groups: dict[tuple[int, float], list[int]] = {}
+    for i, it in enumerate(items):
+        key = (min(cap, int(round(sizes[i] / unit))), round(facts.recompute_time_s(it), 15))
+        groups.setdefault(key, []).append(i)
+    bundles: list[tuple[tuple[int, float], int]] = []  # (group key, count)
+    for key, members in groups.items():
+        left, k = len(members), 1
+        while left > 0:
+            take = min(k, left)
+            bundles.append((key, take))
+            left -= take
+            k *= 2
+    inf = math.inf
+    best = [0.0] + [inf] * cap
+    taken: list[bytearray] = []
+    for (weight, cost), count in bundles:
+        w, c = weight * count, cost * count
+        row = bytearray(cap + 1)
+        for b in range(cap, 0, -1):
+            prev = best[b - w if b > w else 0] + c
+            if prev < best[b]:
+                best[b] = prev
+                row[b] = 1
+        taken.append(row)
+    if best[cap] == inf:
+        return None
+    counts: dict[tuple[int, float], int] = {}
+    b = cap
+    for j in range(len(bundles) - 1, -1, -1):
+        if b > 0 and taken[j][b]:
+            key, count = bundles[j]
+            counts[key] = counts.get(key, 0) + count
+            b = max(0, b - key[0] * count)
+    chosen: list[str] = []
+    for key, members in groups.items():
+        for i in members[: counts.get(key, 0)]:
+            chosen.extend(items[i])
+    short = need_bytes - sum(facts.size[n] for n in chosen)
+    if short > 0:
+        picked = set(chosen)
+        chosen.extend(cheapest_per_byte(facts, [n for n in names if n not in picked], short))
+    # Rounding can make the program's answer slightly worse than the greedy order on a
+    # near-tie; the greedy set is a valid answer too, so take the cheaper of the two.
+    greedy = cheapest_per_byte(facts, names, need_bytes)
+    if facts.recompute_time_s(greedy) < facts.recompute_time_s(chosen):
+        chosen = greedy
+    order = {n: i for i, n in enumerate(facts.candidates)}
+    return sorted(chosen, key=order.__getitem__)
+
+
+def fit_need(
+    workload: Workload,
+    hardware: Hardware,
+    budget_bytes: int,
+    initial_need_bytes: int,
+    make: Callable[[int], Plan | None],
+    *,
+    allow_memory_stalls: bool = False,
+    rounds: int = 10,
+) -> Candidate | None:
+    """Size a plan family ``make(need)`` to the budget: the fastest plan found that fits, or None.
+
+    A plan "clears" the budget when its peak, simulated without a memory limit, is within
+    it (so it never waits for memory). First the need grows by the simulated overshoot
+    until a plan clears; then a bisection between the largest need that did not clear
+    and the smallest that did looks for the least bytes taken off. Every plan tried is
+    also simulated under the budget and the fastest that completes is returned; with
+    ``allow_memory_stalls`` that includes plans that wait for copies to free memory.
+    """
+    total = max(1, keep_all_peak_bytes_of(workload))
+    need = max(0, initial_need_bytes)
+    best: Candidate | None = None
+    low, high = -1, None  # largest need known not to clear, smallest known to clear
+    seen: dict[int, bool] = {}
+    for _ in range(rounds):
+        if need in seen:
+            break
+        plan = make(need)
+        if plan is None:
+            clears = False
+            peak = budget_bytes + total
+        else:
+            peak = natural_peak_bytes(workload, hardware, plan)
+            clears = peak <= budget_bytes
+            if clears or allow_memory_stalls:
+                cand = evaluate(workload, hardware, plan, budget_bytes)
+                if cand.fits and (best is None or cand.step_time_s < best.step_time_s):
+                    best = cand
+        seen[need] = clears
+        if clears:
+            high = need if high is None else min(high, need)
+        else:
+            low = max(low, need)
+        if high is None:
+            if plan is None:
+                break
+            need = need + max(peak - budget_bytes, total // 100)
+        else:
+            if high - low <= max(1, total // 2000):
+                break
+            need = (low + high + 1) // 2 if low >= 0 else high // 2
+    return best
+
+
+def keep_all_peak_bytes_of(workload: Workload) -> int:
+    return keep_all_peak_bytes(facts_for(workload))
+
+
+def keep_all_peak_bytes(facts: Facts) -> int:
+    return facts.input_bytes + sum(facts.size[n] for n in facts.candidates)
+
+
+def actions_for(swap: Iterable[str] = (), recompute: Iterable[str] = ()) -> dict[str, Action]:
+    actions = {n: Action.SWAP for n in swap}
+    actions.update({n: Action.RECOMPUTE for n in recompute})
+    return actions
+
+
+def remaining(facts: Facts, exclude: Mapping[str, Action] | Iterable[str]) -> list[str]:
+    skip = set(exclude)
+    return [n for n in facts.candidates if n not in skip]

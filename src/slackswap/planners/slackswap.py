@@ -1,0 +1,86 @@
+"""`slackswap` (default): SlackSwap improved, where the simulator shows a gain.
+
+Rules (docs/planners.md explains each with its reason):
+
+1. Per-tensor slack windows. A tensor may leave only after it is made and must be back
+   before its first backward use. Instead of one global slack figure, every candidate
+   swap is checked against the copy streams as they are already booked
+   (copies.round_trip_fits): FIFO copies out in production order, copies back
+   earliest-use first, each after its own copy out.
+2. Latency- and duplex-aware copies: each copy pays the per-copy latency, and copies back
+   that overlap copies out run at the duplex-slowed rate.
+3. Swap the tensors most expensive to rebuild per byte, as the paper does, while they fit
+   their windows; then choose the recompute set that takes the remaining bytes off for
+   the least rebuild time (a knapsack, not a greedy order).
+4. Size the plan to the budget with the simulator (selection.fit_need), accepting short
+   waits for memory when they are cheaper than more recompute.
+5. Repair with the simulator (repair.py): turn a swap whose copy stalls into a
+   recompute, a recompute into a swap where the link has room, and a recompute or swap
+   into a keep where memory has room, one change at a time, keeping a change only if the
+   simulated step gets faster, until no single change tried makes it faster.
+"""
+
+from __future__ import annotations
+
+from ..hardware import Hardware
+from ..plans import Plan
+from ..workload import Workload
+from .common import build, evaluate, facts_for, natural_peak_bytes, policy_cannot_fit, with_info
+from .copies import round_trip_fits
+from .repair import repair
+from .selection import actions_for, fit_need, keep_all_peak_bytes, knapsack_min_time
+
+POLICY = "slackswap"
+
+
+def windowed_swaps(facts, hardware: Hardware, need_bytes: int, ranked: list[str]) -> list[str]:
+    """Rules 1-3: the costliest-to-rebuild tensors whose copies fit their windows, up to ``need_bytes``."""
+    swapped: list[str] = []
+    off = 0
+    for name in ranked:
+        if off >= need_bytes:
+            break
+        trial = swapped + [name]
+        if not round_trip_fits(facts, hardware, trial, out_deadline_s=facts.forward_time_s):
+            continue
+        swapped = trial
+        off += facts.size[name]
+    return swapped
+
+
+def plan_slackswap(workload: Workload, hardware: Hardware, budget_bytes: int) -> Plan:
+    facts = facts_for(workload)
+    order = {n: i for i, n in enumerate(facts.candidates)}
+    ranked = sorted(facts.candidates, key=lambda n: (-facts.rebuild_time_s[n] / facts.size[n], order[n]))
+
+    def make(need: int) -> Plan:
+        swapped = windowed_swaps(facts, hardware, need, ranked)
+        off = sum(facts.size[n] for n in swapped)
+        taken = set(swapped)
+        rest = [n for n in facts.candidates if n not in taken]
+        recompute = knapsack_min_time(facts, rest, need - off)
+        if recompute is None:  # not enough bytes left: recompute all of them
+            recompute = rest
+        return build(workload, hardware, actions_for(swapped, recompute), POLICY, budget_bytes)
+
+    start = fit_need(workload, hardware, budget_bytes, keep_all_peak_bytes(facts) - budget_bytes, make,
+                     allow_memory_stalls=True)
+    if start is None:
+        # Not even the recompute-everything end of the family fits: start from the lowest-memory
+        # plan (everything swapped), which fits every budget down to the minimum, and let the
+        # repair loop turn stalling swaps into recomputes.
+        plan = build(workload, hardware, actions_for(swap=facts.candidates), POLICY, budget_bytes)
+        start = evaluate(workload, hardware, plan, budget_bytes)
+        if not start.fits:
+            from .minimum import lowest_memory_plan
+
+            low = lowest_memory_plan(workload, budget_bytes)
+            plan = build(workload, hardware, low.actions, POLICY, budget_bytes, prefetch_step=low.prefetch_step)
+            start = evaluate(workload, hardware, plan, budget_bytes)
+        if not start.fits:
+            raise policy_cannot_fit(POLICY, budget_bytes, natural_peak_bytes(workload, hardware, plan),
+                                    "raise the budget")
+    result = repair(workload, hardware, start, budget_bytes)
+    return with_info(result.best.plan, rule="windowed swaps + knapsack recompute + simulator repair",
+                     repair_moves=result.moves, simulations=result.simulations,
+                     predicted_step_time_s=result.best.step_time_s)
