@@ -1,0 +1,40 @@
+"""`slackswap explain`: per layer, which saved tensors a policy keeps, swaps or recomputes, and why."""
+
+from __future__ import annotations
+
+from ..report.explain import explain, explanation_lines
+from .common import (
+    add_budget_arg, add_hardware_arg, add_workload_args, load_hardware, load_workload, parse_budget, print_json,
+)
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "explain", help="explain a plan per layer: kept, swapped, recomputed, and why",
+        description="Plan the workload, simulate it, and print for every layer which saved tensors are kept, "
+                    "swapped or recomputed, the link slack left, and the recompute and copy costs (us/MiB).",
+    )
+    add_workload_args(parser)
+    add_hardware_arg(parser)
+    add_budget_arg(parser)
+    parser.add_argument("--policy", default=None, metavar="P", help="planning policy (default: slackswap)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..planners import DEFAULT_POLICY, plan_workload
+    from ..sim import simulate, simulate_ideal
+
+    hardware = load_hardware(args)
+    workload = load_workload(args, hardware)
+    ideal = simulate_ideal(workload, hardware)
+    budget = parse_budget(args.budget, ideal.peak_memory_bytes)
+    plan = plan_workload(workload, hardware, budget, args.policy or DEFAULT_POLICY)
+    timeline = simulate(workload, hardware, plan, budget, check=False)
+    result = explain(workload, hardware, plan, timeline)
+    if args.json:
+        print_json(result.to_dict())
+    else:
+        print("\n".join(explanation_lines(result)))
+    return 0
