@@ -6,6 +6,7 @@ point, so results are compared with ==. Each test's comment shows the arithmetic
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -51,7 +52,7 @@ def test_all_keep_takes_exactly_the_ideal_time():
     assert (t.stall_copy_s, t.stall_memory_s, t.recompute_time_s, t.d2h_bytes, t.h2d_bytes) == (0, 0, 0, 0, 0)
     # x (1 B) and a0, a1, a2 (100 B each) are all on the device once op2 starts; a3 is the transient loss.
     assert t.peak_memory_bytes == 301
-    assert simulate_ideal(w, link()) == t.__class__(**{**t.__dict__, "policy": "ideal"})
+    assert simulate_ideal(w, link()) == dataclasses.replace(t, policy="ideal")
 
 
 def test_all_keep_memory_rises_in_forward_and_falls_in_backward():
@@ -72,6 +73,8 @@ def test_worked_example_swap_hidden_by_backward():
     assert spans(t, "copy_in") == [("a0", 3.0, 4.0)]
     assert spans(t, "backward") == [("op2", 3.0, 5.0), ("op1", 5.0, 7.0), ("op0", 7.0, 9.0)]
     assert (t.d2h_bytes, t.h2d_bytes) == (100, 100)
+    # The "in use" column of the table in docs/simulator.md.
+    assert t.memory == ((0.0, 0), (0.0, 1), (0.0, 101), (1.0, 201), (2.0, 101), (3.0, 201), (5.0, 101), (7.0, 1))
     assert_within_budget(t, 201)
 
 
