@@ -92,3 +92,30 @@ def test_rich_progress_on_a_terminal():
 def test_text_bar():
     assert text_bar(1, 4, "", width=8) == "[##......] 1/4"
     assert text_bar(7, None, "profiling") == "profiling 7"
+
+
+def test_progress_reporter_callback(monkeypatch):
+    from slackswap.report.console import progress_reporter
+
+    with progress_reporter("sweep", stream=io.StringIO()) as report:  # not a terminal: silent
+        report(1, 2, "slackswap at 0.50")
+    monkeypatch.setitem(sys.modules, "rich", None)
+    out = FakeTerminal()
+    with progress_reporter("sweep", stream=out) as report:
+        report(1, 2, "slackswap at 0.50")
+        report(2, 2, "ideal")
+    frames = out.getvalue().split("\r")[1:]
+    first = "sweep slackswap at 0.50 [" + "#" * 15 + "." * 15 + "] 1/2"
+    assert frames[0] == first
+    assert frames[1] == ("sweep ideal [" + "#" * 30 + "] 2/2").ljust(len(first)) + "\n"
+
+
+def test_progress_reporter_with_rich():
+    pytest.importorskip("rich")
+    from slackswap.report.console import progress_reporter
+
+    out = FakeTerminal()
+    with progress_reporter("sweep", stream=out) as report:
+        for done in range(1, 4):
+            report(done, 3, f"point {done}")
+    assert out.getvalue()

@@ -85,11 +85,11 @@ def test_settled_memory_keeps_the_peak():
 
 
 SWEEP_ROWS = [
-    {"model": m, "hardware": "a100-80gb-pcie4", "policy": p, "budget_fraction": f, "throughput_pct": tp}
+    {"workload": m, "hardware": "a100-80gb-pcie4", "policy": p, "budget_fraction": f, "throughput_pct": tp}
     for m in ("bert-large", "gpt2-xl")
     for p, base in (("slackswap", 99.0), ("recompute-only", 80.0), ("swap-only", 70.0))
     for f, tp in ((0.3, base - 20.0), (0.5, base - 5.0), (0.8, base))
-] + [{"model": "gpt2-xl", "hardware": "a100-80gb-pcie4", "policy": "swap-only", "budget_fraction": 0.1,
+] + [{"workload": "gpt2-xl", "hardware": "a100-80gb-pcie4", "policy": "swap-only", "budget_fraction": 0.1,
       "throughput_pct": None}]
 
 
@@ -108,6 +108,21 @@ def test_sweep_plot_one_panel_per_model_one_line_per_policy(tmp_path):
     slack = next(line for line in panels[0].get_lines() if line.get_label() == "slackswap")
     assert list(slack.get_ydata()) == [79.0, 94.0, 99.0]
     assert legend_texts(fig.legends[0]) == ["slackswap", "recompute-only", "swap-only"]
+
+
+def test_sweep_plot_of_a_real_sweep(tmp_path):
+    from slackswap.experiments.sweep import run_sweep
+
+    rows = run_sweep(chain(6, fwd_time_s=0.5), link(100.0), [0.4, 0.7, 1.0], ["full-recompute", "slackswap"])
+    fig = plots.plot_sweep(rows, tmp_path / "sweep.png")
+    assert_png(tmp_path / "sweep.png")
+    (ax,) = [ax for ax in fig.axes if ax.get_visible()]
+    assert ax.get_title() == "chain6 on test-link"
+    for policy in ("full-recompute", "slackswap"):
+        line = next(line for line in ax.get_lines() if line.get_label() == policy)
+        expected = [(100 * r["budget_fraction"], r["throughput_pct"]) for r in rows
+                    if r["policy"] == policy and r["fits"]]
+        assert list(zip(line.get_xdata(), line.get_ydata())) == expected and expected
 
 
 def test_sweep_plot_rejects_no_rows():

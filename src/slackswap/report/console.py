@@ -10,7 +10,8 @@ from __future__ import annotations
 import importlib
 import re
 import sys
-from typing import Any, Iterable, Iterator, Sequence, TextIO, TypeVar
+from contextlib import contextmanager
+from typing import Any, Callable, Iterable, Iterator, Sequence, TextIO, TypeVar
 
 T = TypeVar("T")
 # A cell is right-aligned when it reads as a number, with or without a unit ('12.5 ms', '96.3%').
@@ -148,3 +149,43 @@ def _text_progress(iterable, total, description, stream):
     finally:
         stream.write("\n")
         stream.flush()
+
+
+@contextmanager
+def progress_reporter(
+    description: str = "", *, quiet: bool = False, stream: TextIO | None = None
+) -> Iterator[Callable[[int, int, str], None]]:
+    """A ``report(done, total, label)`` callback for long loops that count their own work
+    (such as slackswap.experiments.sweep.run_sweep's ``progress``), drawn like ``progress``."""
+    stream = sys.stderr if stream is None else stream
+    if quiet or not _is_terminal(stream):
+        yield lambda done, total, label="": None
+        return
+    if _rich() is not None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress(*columns, console=Console(file=stream), transient=True) as bar:
+            task = bar.add_task(description or "working", total=None)
+
+            def report_rich(done: int, total: int, label: str = "") -> None:
+                text = f"{description}: {label}" if description and label else (label or description)
+                bar.update(task, completed=done, total=total, description=text)
+
+            yield report_rich
+        return
+    width = [0]
+
+    def report_text(done: int, total: int, label: str = "") -> None:
+        line = text_bar(done, total, f"{description} {label}".strip())
+        stream.write("\r" + line.ljust(width[0]))  # pad over a longer previous line
+        stream.flush()
+        width[0] = max(width[0], len(line))
+
+    try:
+        yield report_text
+    finally:
+        if width[0]:
+            stream.write("\n")
+            stream.flush()
