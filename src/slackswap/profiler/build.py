@@ -97,7 +97,7 @@ def _event_row(event, trace, ops) -> list:
     if event[0] == "enter":
         return ["enter", event[1]]
     s = trace.saves[event[1]]
-    return ["save", s.storage, ops[s.reader].name, s.call, s.nbytes]
+    return ["save", s.storage, ops[s.reader].name, s.call, "out" if s.is_output else "in"]
 
 
 def median_times(runs: Sequence[Sequence[float]]) -> list[float]:

@@ -63,6 +63,8 @@ class SaveRecord:
     gap: int
     """Number of ops dispatched before this save."""
     reader: int = -1
+    is_output: bool = False
+    """True when saved right after its reader ran (an output save), False for an input save."""
 
 
 @dataclass
@@ -260,7 +262,7 @@ def _attribute_saves(ops: list[OpRecord], saves: list[SaveRecord]) -> None:
             if s.storage is None and after is None:
                 in_after, in_before = False, before is not None
             if in_before and (not in_after or (not input_phase and s.storage not in given_before)):
-                s.reader = before.index
+                s.reader, s.is_output = before.index, True
                 before.output_saves += 1
                 given_before.add(s.storage)
             elif after is not None and (in_after or before is None):
@@ -270,7 +272,7 @@ def _attribute_saves(ops: list[OpRecord], saves: list[SaveRecord]) -> None:
             else:
                 # A save of a tensor neither op touches (a closure-held tensor): the op that
                 # just ran is the one whose backward holds it.
-                s.reader = before.index
+                s.reader, s.is_output = before.index, True
                 before.output_saves += 1
 
 

@@ -1,0 +1,73 @@
+"""`slackswap profile FILE.py --out workload.json`: measure a model's training step.
+
+FILE.py must define three functions (see docs/runtime.md):
+``make_model()`` -> torch.nn.Module, ``make_batch()`` -> any batch object, and
+``loss_fn(model, batch)`` -> scalar loss tensor.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+from ..errors import ValidationError, require
+from ..units import format_bytes, format_seconds
+from .common import check_output_paths
+
+REQUIRED = ("make_model", "make_batch", "loss_fn")
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "profile", help="measure a PyTorch model's training step into a workload JSON (extra 'torch')",
+        description="FILE.py defines make_model(), make_batch() and loss_fn(model, batch) (a scalar loss).",
+    )
+    parser.add_argument("file", metavar="FILE.py", help="Python file defining make_model, make_batch, loss_fn")
+    parser.add_argument("--out", required=True, metavar="FILE", help="workload JSON to write")
+    parser.add_argument("--hardware", default=None, metavar="NAME|FILE",
+                        help="project the measured times onto this hardware by roofline (default: keep measured times)")
+    parser.add_argument("--warmup", type=int, default=1, metavar="N", help="warm-up steps before measuring (default 1)")
+    parser.add_argument("--repeats", type=int, default=3, metavar="N", help="measured steps; times are medians (default 3)")
+    parser.set_defaults(func=run)
+
+
+def load_user_file(path: str):
+    """Import FILE.py and return its (make_model, make_batch, loss_fn)."""
+    source = Path(path)
+    if not source.is_file():
+        raise ValidationError(f"model file {path!r} does not exist: check the path")
+    spec = importlib.util.spec_from_file_location(f"_slackswap_user_{source.stem}", source)
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(source.parent.resolve()))
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # the user's code failed: one line naming it
+        raise ValidationError(f"importing {path!r} failed: {type(exc).__name__}: {exc}") from None
+    finally:
+        sys.path.pop(0)
+    for name in REQUIRED:
+        if not callable(getattr(module, name, None)):
+            raise ValidationError(
+                f"{path!r} does not define {name}(): a profile file defines make_model(), make_batch() "
+                "and loss_fn(model, batch)"
+            )
+    return module.make_model, module.make_batch, module.loss_fn
+
+
+def run(args) -> int:
+    check_output_paths(args.out)
+    require("torch", "torch", "slackswap profile")
+    from ..hardware import get_hardware
+    from ..profiler import profile_model
+
+    make_model, make_batch, loss_fn = load_user_file(args.file)
+    hardware = get_hardware(args.hardware) if args.hardware else None
+    model = make_model()
+    batch = make_batch()
+    workload = profile_model(model, batch, loss_fn, hardware=hardware, warmup=args.warmup, repeats=args.repeats)
+    workload.save(args.out)
+    print(f"{workload.name}: {len(workload.ops)} ops, {len(workload.saved_tensors)} saved tensors, "
+          f"{format_bytes(workload.saved_bytes)} saved, step {format_seconds(workload.ideal_step_time_s)} "
+          f"({workload.meta['times']}) -> {args.out}")
+    return 0

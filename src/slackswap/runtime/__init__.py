@@ -1,0 +1,19 @@
+"""Run a training step under a Plan: recompute through selective checkpointing, swap through
+our own saved_tensors_hooks manager. ``apply_plan(model, plan, workload=None)`` is the entry point;
+``build_execution_map`` says what will run for each planned action (torch-free)."""
+
+from __future__ import annotations
+
+from .mapping import ExecutionMap, build_execution_map, runtime_prefetch_steps
+
+__all__ = ["ExecutionMap", "apply_plan", "build_execution_map", "runtime_prefetch_steps", "PlanRuntime"]
+
+
+def __getattr__(name):
+    # torch is imported only when the runtime itself is used.
+    if name in ("apply_plan", "PlanRuntime", "RuntimeStats"):
+        from . import apply, swap
+
+        return {"apply_plan": apply.apply_plan, "PlanRuntime": apply.PlanRuntime,
+                "RuntimeStats": swap.RuntimeStats}[name]
+    raise AttributeError(name)
