@@ -110,6 +110,7 @@ class SwapManager:
         self.clock = -1
         self.pending_d2h: list[_State] = []
         self.region_bytes: dict[str, int] = {}
+        self.region_handles: dict[str, int] = {}
         self.rebuilt_release = []
 
     def begin_step(self) -> None:
@@ -119,6 +120,10 @@ class SwapManager:
         self.stats.steps += 1
         self.stats.step_d2h_bytes = 0
         self.stats.step_h2d_bytes = 0
+        # Tensors of an earlier step still counted (a region without tensor arguments, or a
+        # backward that never ran) are gone once their graph is: stop counting them.
+        self.stats.device_saved_bytes -= sum(self.size[n] for _, n in self.rebuilt_release)
+        self.stats.device_saved_bytes -= sum(self.region_bytes.values())
         self.stats.step_peak_device_saved_bytes = self.stats.device_saved_bytes
         self._begin()
 
@@ -155,6 +160,18 @@ class SwapManager:
             self._add(self.size[name])
             self.rebuilt_release.append((self.n - 1 - self.workload.last_bwd_reader[name], name))
 
+    def _region_done(self, call: str) -> None:
+        """Checkpoint dropped the region's arguments: its frame, and every tensor it rebuilt, is gone."""
+        region = self.emap.region_of(call)
+        mine = set(region.cached + region.rebuilt)
+        keep = []
+        for last_step, name in self.rebuilt_release:
+            if name in mine:
+                self.stats.device_saved_bytes -= self.size[name]
+            else:
+                keep.append((last_step, name))
+        self.rebuilt_release = keep
+
     # ---- hooks ---------------------------------------------------------------------------
     def pack(self, t: torch.Tensor):
         storage = t.untyped_storage()
@@ -186,7 +203,9 @@ class SwapManager:
         h.offset, h.shape, h.stride, h.dtype = t.storage_offset(), tuple(t.shape), t.stride(), t.dtype
         h.tensor = t.detach() if entry.action is Action.KEEP else None
         state.handles += 1
-        weakref.finalize(h, SwapManager._release, weakref.ref(self), state)
+        if entry.region is not None:
+            self.region_handles[entry.region] = self.region_handles.get(entry.region, 0) + 1
+        weakref.finalize(h, SwapManager._release, weakref.ref(self), state, entry.region)
         if self.cuda:
             self._poll(wait=False)
         return h
@@ -211,10 +230,14 @@ class SwapManager:
         return out
 
     @staticmethod
-    def _release(manager_ref, state: _State) -> None:
+    def _release(manager_ref, state: _State, region: str | None) -> None:
         manager = manager_ref()
         if manager is None:
             return
+        if region is not None and manager.states.get(state.name) is state:
+            manager.region_handles[region] -= 1
+            if manager.region_handles[region] == 0:
+                manager._region_done(region)
         state.handles -= 1
         if state.handles == 0:
             manager._uncount(state)
