@@ -41,6 +41,10 @@ class Facts:
         return tuple(t.name for t in self.workload.saved_tensors if t.producer is not None)
 
     @cached_property
+    def production_order(self) -> dict[str, int]:
+        return {name: i for i, name in enumerate(self.candidates)}
+
+    @cached_property
     def size(self) -> dict[str, int]:
         return {t.name: t.size_bytes for t in self.workload.tensors}
 

@@ -20,7 +20,7 @@ def d2h_time_s(hardware: Hardware, size_bytes: int) -> float:
 
 def d2h_finish_s(facts: Facts, hardware: Hardware, swapped: Iterable[str]) -> dict[str, float]:
     """When each swapped tensor's copy out ends, from the start of the step, if compute never waits."""
-    order = {n: i for i, n in enumerate(facts.candidates)}
+    order = facts.production_order
     free_at = 0.0
     ends: dict[str, float] = {}
     for name in sorted(swapped, key=order.__getitem__):

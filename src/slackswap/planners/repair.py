@@ -1,8 +1,8 @@
 """The simulator-driven repair loop of `slackswap` (rule 5 in slackswap.py).
 
 Each round reads the current plan's simulated timeline, proposes a few single changes
-where the timeline points, simulates each, and keeps the fastest if it beats the current
-plan. A "change" moves one producer's tensors (all outputs of one op that share an
+where the timeline points, and simulates them in turn; the first that makes the step
+faster is kept and the next round starts from it. A "change" moves one producer's tensors (all outputs of one op that share an
 action) from one action to another, since re-running an op rebuilds all its outputs:
 
 - a swap whose copy back made backward wait, or whose copy out was still running when
@@ -10,7 +10,9 @@ action) from one action to another, since re-running an op rebuilds all its outp
 - a recompute becomes a swap when its copies fit the link's free windows (copies.py);
 - a recompute becomes a keep if it is among the costliest to rebuild, and a recompute or
   swap becomes a keep if backward needs it among the first (it is on the device when
-  backward starts anyway, so keeping it may cost no peak memory).
+  backward starts anyway, so keeping it may cost no peak memory), and the earliest-made
+  recomputes become keeps (they are rebuilt last in backward, when memory has been freed,
+  so the budget may have room for them).
 
 The loop ends when no proposed change makes the step faster, or after
 ``max_simulations`` simulations (a bound on planning time).
@@ -102,13 +104,14 @@ def _propose(workload: Workload, hardware: Hardware, current: Candidate, budget_
     # they are on the device at the start of backward, so keeping them may not raise the peak).
     by_cost = sorted(recomputed, key=lambda n: (-facts.rebuild_time_s[n], order[n]))
     by_use = sorted(recomputed + swapped, key=lambda n: (facts.first_use_s[n], order[n]))
-    for name in by_cost[:PROPOSALS_PER_KIND] + by_use[:PROPOSALS_PER_KIND]:
+    earliest = sorted(recomputed, key=order.__getitem__)
+    for name in by_cost[:PROPOSALS_PER_KIND] + by_use[:PROPOSALS_PER_KIND] + earliest[:PROPOSALS_PER_KIND]:
         add(_item(workload, actions, name), Action.KEEP, f"{actions[name].value} -> keep")
     return proposals
 
 
 def repair(workload: Workload, hardware: Hardware, start: Candidate, budget_bytes: int,
-           *, max_simulations: int = 48) -> RepairResult:
+           *, max_simulations: int = 64) -> RepairResult:
     result = RepairResult(best=start)
     while result.simulations < max_simulations:
         current = result.best
@@ -122,8 +125,9 @@ def repair(workload: Workload, hardware: Hardware, start: Candidate, budget_byte
             plan = build(workload, hardware, actions, current.plan.policy, budget_bytes)
             cand = evaluate(workload, hardware, plan, budget_bytes)
             result.simulations += 1
-            if cand.fits and cand.step_time_s < (winner or current).step_time_s:
+            if cand.fits and cand.step_time_s < current.step_time_s:
                 winner, winner_why = cand, f"{why}: {', '.join(names)}"
+                break  # first improvement: re-read the new timeline before proposing more
         if winner is None:
             break
         result.best = winner

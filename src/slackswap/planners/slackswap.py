@@ -33,18 +33,16 @@ from .selection import actions_for, fit_need, keep_all_peak_bytes, knapsack_min_
 POLICY = "slackswap"
 
 
-def windowed_swaps(facts, hardware: Hardware, need_bytes: int, ranked: list[str]) -> list[str]:
-    """Rules 1-3: the costliest-to-rebuild tensors whose copies fit their windows, up to ``need_bytes``."""
+def windowed_swaps(facts, hardware: Hardware, ranked: list[str]) -> list[str]:
+    """Rules 1-3: the costliest-to-rebuild tensors whose copies fit their windows, in the order
+    they were accepted. A plan that needs fewer bytes off takes a prefix of this list (the
+    greedy would have stopped there), so it is computed once per plan."""
     swapped: list[str] = []
-    off = 0
     for name in ranked:
-        if off >= need_bytes:
-            break
         trial = swapped + [name]
         if not round_trip_fits(facts, hardware, trial, out_deadline_s=facts.forward_time_s):
             continue
         swapped = trial
-        off += facts.size[name]
     return swapped
 
 
@@ -53,9 +51,16 @@ def plan_slackswap(workload: Workload, hardware: Hardware, budget_bytes: int) ->
     order = {n: i for i, n in enumerate(facts.candidates)}
     ranked = sorted(facts.candidates, key=lambda n: (-facts.rebuild_time_s[n] / facts.size[n], order[n]))
 
+    accepted = windowed_swaps(facts, hardware, ranked)
+
     def make(need: int) -> Plan:
-        swapped = windowed_swaps(facts, hardware, need, ranked)
-        off = sum(facts.size[n] for n in swapped)
+        swapped: list[str] = []
+        off = 0
+        for name in accepted:
+            if off >= need:
+                break
+            swapped.append(name)
+            off += facts.size[name]
         taken = set(swapped)
         rest = [n for n in facts.candidates if n not in taken]
         recompute = knapsack_min_time(facts, rest, need - off)
@@ -64,7 +69,7 @@ def plan_slackswap(workload: Workload, hardware: Hardware, budget_bytes: int) ->
         return build(workload, hardware, actions_for(swapped, recompute), POLICY, budget_bytes)
 
     start = fit_need(workload, hardware, budget_bytes, keep_all_peak_bytes(facts) - budget_bytes, make,
-                     allow_memory_stalls=True)
+                     allow_memory_stalls=True, rounds=14)
     if start is None:
         # Not even the recompute-everything end of the family fits: start from the lowest-memory
         # plan (everything swapped), which fits every budget down to the minimum, and let the

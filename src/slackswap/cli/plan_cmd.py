@@ -1,0 +1,50 @@
+"""`slackswap plan`: plan keep / swap / recompute for a workload and write the Plan as JSON."""
+
+from __future__ import annotations
+
+from ..planners import DEFAULT_POLICY, PLANNERS, plan_workload
+from ..sim import simulate, simulate_ideal
+from ..units import format_bytes, format_seconds
+from .common import add_budget_arg, add_hardware_arg, add_workload_args, load_hardware, load_workload, parse_budget
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("plan", help="plan keep / swap / recompute of saved activations")
+    add_workload_args(parser)
+    add_hardware_arg(parser)
+    add_budget_arg(parser)
+    parser.add_argument("--policy", default=DEFAULT_POLICY, choices=list(PLANNERS), metavar="P",
+                        help=f"planning policy: {', '.join(PLANNERS)} (default {DEFAULT_POLICY})")
+    parser.add_argument("--out", required=True, metavar="FILE", help="where to write the plan JSON")
+    parser.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    parser.set_defaults(func=run)
+
+
+def run(args) -> int:
+    hardware = load_hardware(args)
+    workload = load_workload(args, hardware)
+    ideal = simulate_ideal(workload, hardware)
+    budget = parse_budget(args.budget, ideal.peak_memory_bytes)
+    plan = plan_workload(workload, hardware, budget, args.policy)
+    plan.save(args.out, workload)
+    if not args.quiet:
+        timeline = simulate(workload, hardware, plan, plan.budget_bytes, check=False)
+        print("\n".join(summary_lines(plan, timeline, workload, ideal.peak_memory_bytes, args.out)))
+    return 0
+
+
+def summary_lines(plan, timeline, workload, unconstrained_peak_bytes: int, path: str) -> list[str]:
+    from ..plans import Action
+
+    budget = "none" if plan.budget_bytes is None else (
+        f"{format_bytes(plan.budget_bytes)} ({100 * plan.budget_bytes / unconstrained_peak_bytes:.1f}% of "
+        f"{format_bytes(unconstrained_peak_bytes)})")
+    return [
+        f"plan                {plan.policy} for {workload.name}, written to {path}",
+        f"budget              {budget}",
+        f"tensors             {plan.count(Action.KEEP)} keep, {plan.count(Action.SWAP)} swap "
+        f"({format_bytes(plan.bytes_with(workload, Action.SWAP))}), {plan.count(Action.RECOMPUTE)} recompute "
+        f"({format_bytes(plan.bytes_with(workload, Action.RECOMPUTE))})",
+        f"simulated step      {format_seconds(timeline.step_time_s)}, {timeline.throughput_pct:.2f}% of ideal, "
+        f"peak {format_bytes(timeline.peak_memory_bytes)}",
+    ]

@@ -1,0 +1,202 @@
+"""Every policy on tiny workloads whose best plan is known by hand, the registry and the minimum budget."""
+
+from __future__ import annotations
+
+import pytest
+
+from slackswap.errors import BudgetError, UnknownNameError
+from slackswap.hardware import Hardware
+from slackswap.planners import PLANNERS, get_planner, lowest_memory_plan, minimum_budget_bytes, plan_workload
+from slackswap.plans import Action
+from slackswap.sim import simulate, simulate_ideal
+from slackswap.workload import Op, Tensor, Workload
+from slackswap.workloads.synthetic import chain
+
+
+def slow_link(**changes) -> Hardware:
+    """A link so slow (1 byte/s) that no copy ever hides: swapping only stalls."""
+    base = dict(name="slow-link", peak_flops_per_s=1e12, gemm_efficiency=0.5, attention_efficiency=0.5,
+                hbm_bytes_per_s=1e12, hbm_efficiency=0.8, hbm_capacity_bytes=10**12,
+                d2h_bytes_per_s=1.0, h2d_bytes_per_s=1.0, copy_latency_s=0.0)
+    base.update(changes)
+    return Hardware(**base)
+
+
+def fast_link() -> Hardware:
+    """A link fast enough (1e6 bytes/s on 100-byte tensors: 0.1 ms) that every copy hides."""
+    return slow_link(name="fast-link", d2h_bytes_per_s=1e6, h2d_bytes_per_s=1e6)
+
+
+def step_time(workload, hw, plan):
+    return simulate(workload, hw, plan, plan.budget_bytes).step_time_s
+
+
+# chain(4): x(1 B) -> op0 -> a0 -> op1 -> a1 -> op2 -> a2 -> op3 -> a3 (transient).
+# Saved: x (input, 1 B) and a0, a1, a2 (100 B each); keep-all peak 301 B; ideal step 4 x 1 s + 4 x 2 s = 12 s.
+CHAIN = chain(4)
+
+
+def test_registry_lists_every_policy_and_rejects_unknown_names():
+    assert set(PLANNERS) == {"ideal", "full-recompute", "selective-recompute", "recompute-optimal", "swap-only",
+                             "capuchin", "slackswap-paper", "slackswap", "optimal"}
+    with pytest.raises(UnknownNameError, match="choose one of ideal, full-recompute"):
+        get_planner("nope")
+
+
+def test_minimum_budget_of_a_chain_is_one_tensor_plus_input():
+    # Forward: op i holds its input and output (200 B) but a0's producer op0 reads only x:
+    # at op1, a0 and a1 are live (200 B). Backward of op i+1 reads a_i only (100 B).
+    assert minimum_budget_bytes(CHAIN) == 1 + 200
+
+
+def test_minimum_budget_is_reached_by_the_lowest_memory_plan_and_not_below():
+    hw = fast_link()
+    for workload in (CHAIN, chain(5, size_bytes=[10, 200, 30, 40, 50])):
+        minimum = minimum_budget_bytes(workload)
+        timeline = simulate(workload, hw, lowest_memory_plan(workload, minimum), minimum)
+        assert timeline.peak_memory_bytes == minimum
+        from slackswap.errors import InfeasiblePlanError
+        with pytest.raises(InfeasiblePlanError):
+            simulate(workload, hw, lowest_memory_plan(workload, minimum - 1), minimum - 1)
+
+
+def test_budget_below_the_minimum_is_one_clear_error():
+    with pytest.raises(BudgetError) as info:
+        plan_workload(CHAIN, fast_link(), 200, "slackswap")
+    message = str(info.value)
+    assert "201 bytes" in message and "0.668 of the unconstrained peak of 301 bytes" in message
+    assert "\n" not in message and info.value.minimum_bytes == 201
+
+
+def test_ideal_keeps_everything_and_ignores_the_budget():
+    plan = plan_workload(CHAIN, fast_link(), 250, "ideal")
+    assert plan.budget_bytes is None and plan.count(Action.KEEP) == 4
+
+
+def test_recompute_optimal_recomputes_the_one_cheap_tensor():
+    # Producer times 1, 5, 9 s: a0 is by far the cheapest to rebuild, and 100 B must come off.
+    w = chain(4, fwd_time_s=[1.0, 5.0, 9.0, 1.0])
+    plan = plan_workload(w, slow_link(), 201, "recompute-optimal")
+    assert {n for n, a in plan.actions.items() if a is Action.RECOMPUTE} == {"a0"}
+    assert step_time(w, slow_link(), plan) == pytest.approx(w.ideal_step_time_s + 1.0)
+
+
+def test_recompute_knapsack_beats_the_greedy_order_when_it_should():
+    # Need 200 B off. Cheapest per byte first takes a1 (100 B, 1 s) then a0 (200 B, 3 s): 4 s.
+    # The knapsack takes a0 alone: 3 s.
+    from slackswap.planners.common import facts_for
+    from slackswap.planners.selection import cheapest_per_byte, knapsack_min_time
+
+    w = chain(4, fwd_time_s=[3.0, 1.0, 2.9, 1.0], size_bytes=[200, 100, 100, 1])
+    facts = facts_for(w)
+    assert facts.recompute_time_s(cheapest_per_byte(facts, facts.candidates, 200)) == pytest.approx(4.0)
+    assert knapsack_min_time(facts, facts.candidates, 200) == ["a0"]
+
+
+def test_recompute_optimal_takes_off_no_more_than_it_must():
+    # chain(5) sizes 100, 200, 100, 100: keep-all peak 501 B; at 451 B one 100 B tensor (1 s)
+    # is enough (the forward pass peaks at 401 B at op3), not a1 (10 s).
+    w = chain(5, fwd_time_s=[1.0, 10.0, 1.0, 1.0, 1.0], size_bytes=[100, 200, 100, 100, 1])
+    plan = plan_workload(w, slow_link(), 451, "recompute-optimal")
+    assert plan.count(Action.RECOMPUTE) == 1 and plan.actions["a1"] is Action.KEEP
+    assert step_time(w, slow_link(), plan) == pytest.approx(w.ideal_step_time_s + 1.0)
+
+
+def test_swap_only_swaps_in_forward_order_and_stalls_on_a_slow_link():
+    plan = plan_workload(CHAIN, slow_link(), 201, "swap-only")
+    assert [n for n, a in plan.actions.items() if a is Action.SWAP][0] == "a0"
+    assert plan.count(Action.RECOMPUTE) == 0
+    timeline = simulate(CHAIN, slow_link(), plan, 201)
+    assert timeline.stall_time_s > 100  # 100 B at 1 B/s cannot hide behind 1-2 s ops
+
+
+@pytest.mark.parametrize("policy", ["slackswap", "slackswap-paper", "capuchin", "optimal"])
+def test_hybrid_policies_swap_when_the_link_hides_it(policy):
+    # Fast link: one 100 B copy takes 0.1 ms, hidden by 1 s ops; swapping costs nothing, so the
+    # best plan runs at ideal speed.
+    plan = plan_workload(CHAIN, fast_link(), 201, policy)
+    assert plan.count(Action.SWAP) >= 1
+    assert step_time(CHAIN, fast_link(), plan) == pytest.approx(CHAIN.ideal_step_time_s)
+
+
+@pytest.mark.parametrize("policy", ["slackswap", "capuchin", "optimal"])
+def test_hybrid_policies_recompute_when_the_link_is_too_slow(policy):
+    # Slow link: any swap stalls for 100 s; recomputing the cheapest tensor (a0, 1 s) is best.
+    w = chain(4, fwd_time_s=[1.0, 5.0, 9.0, 1.0])
+    plan = plan_workload(w, slow_link(), 201, policy)
+    assert plan.count(Action.SWAP) == 0
+    assert step_time(w, slow_link(), plan) == pytest.approx(w.ideal_step_time_s + 1.0)
+
+
+def test_slackswap_paper_swaps_the_costliest_to_rebuild_within_the_slack():
+    # Five 100 B tensors with rebuild times 1, 5, 9, 2, 3 s; forward 21 s. At 10 B/s the global
+    # slack carries 210 B: the two costliest per byte, a2 and a1, are swapped.
+    hw = slow_link(d2h_bytes_per_s=10.0, h2d_bytes_per_s=10.0)
+    w = chain(6, fwd_time_s=[1.0, 5.0, 9.0, 2.0, 3.0, 1.0])
+    plan = plan_workload(w, hw, 301, "slackswap-paper")
+    assert {n for n, a in plan.actions.items() if a is Action.SWAP} == {"a1", "a2"}
+    assert plan.info["slack_s"] == pytest.approx(21.0)
+
+
+def layered(n_layers: int = 3) -> Workload:
+    """Blocks of two ops: l{i}.a (reads the block input, makes h{i}) and l{i}.b (makes the block
+    output y{i}); both save their input. An embedding at layer -1 and a head at layer n."""
+    ops = [Op(name="embed", layer=-1, kind="embedding", fwd_time_s=1.0, bwd_time_s=1.0, flops=0, bytes_accessed=0,
+              inputs=("tok",), outputs=("y-1",))]
+    tensors = [Tensor(name="tok", size_bytes=1, producer=None, bwd_readers=("embed",))]
+    for i in range(n_layers):
+        ops.append(Op(name=f"l{i}.a", layer=i, kind="gemm", fwd_time_s=1.0, bwd_time_s=2.0, flops=0,
+                      bytes_accessed=0, inputs=(f"y{i - 1}",), outputs=(f"h{i}",)))
+        ops.append(Op(name=f"l{i}.b", layer=i, kind="attention", fwd_time_s=1.0, bwd_time_s=2.0, flops=0,
+                      bytes_accessed=0, inputs=(f"h{i}",), outputs=(f"y{i}", f"s{i}")))
+        tensors.append(Tensor(name=f"y{i - 1}", size_bytes=100, producer=ops[-3].name if i else "embed",
+                              bwd_readers=(f"l{i}.a",)))
+        tensors.append(Tensor(name=f"h{i}", size_bytes=100, producer=f"l{i}.a", bwd_readers=(f"l{i}.b",)))
+        tensors.append(Tensor(name=f"s{i}", size_bytes=50, producer=f"l{i}.b", bwd_readers=(f"l{i}.b",)))
+    ops.append(Op(name="head", layer=n_layers, kind="loss", fwd_time_s=1.0, bwd_time_s=1.0, flops=0,
+                  bytes_accessed=0, inputs=(f"y{n_layers - 1}",), outputs=("loss",)))
+    tensors.append(Tensor(name=f"y{n_layers - 1}", size_bytes=100, producer=f"l{n_layers - 1}.b",
+                          bwd_readers=("head",)))
+    tensors.append(Tensor(name="loss", size_bytes=1, producer="head"))
+    return Workload(name="layered", ops=tuple(ops), tensors=tuple(tensors))
+
+
+def test_full_recompute_keeps_block_outputs_and_recomputes_inside():
+    w = layered()
+    plan = plan_workload(w, slow_link(), 10**6, "full-recompute")
+    recomputed = {n for n, a in plan.actions.items() if a is Action.RECOMPUTE}
+    assert recomputed == {"h0", "s0", "h1", "s1", "h2", "s2"}
+    # Each block re-runs both its ops once: 3 blocks x 2 ops x 1 s.
+    assert step_time(w, slow_link(), plan) == pytest.approx(w.ideal_step_time_s + 6.0)
+
+
+def test_selective_recompute_drops_attention_internals_then_whole_blocks():
+    w = layered()
+    roomy = plan_workload(w, slow_link(), 10**6, "selective-recompute")
+    # s_i is made and read only by the 'attention' op: the core-attention internals.
+    assert {n for n, a in roomy.actions.items() if a is Action.RECOMPUTE} == {"s0", "s1", "s2"}
+    tight = plan_workload(w, slow_link(), 560, "selective-recompute")
+    assert tight.info["full_blocks"] >= 1
+    assert simulate(w, slow_link(), tight, 560).peak_memory_bytes <= 560
+
+
+def test_a_policy_that_cannot_reach_a_budget_says_so():
+    w = layered()
+    with pytest.raises(BudgetError, match="policy full-recompute cannot fit"):
+        plan_workload(w, slow_link(), minimum_budget_bytes(w), "full-recompute")
+
+
+def test_optimal_reports_its_milp_and_simulated_figures():
+    w = chain(4, fwd_time_s=[1.0, 5.0, 9.0, 1.0])
+    plan = plan_workload(w, slow_link(), 201, "optimal")
+    assert plan.info["milp_objective_s"] == pytest.approx(1.0)
+    assert plan.info["simulated_step_time_s"] == pytest.approx(w.ideal_step_time_s + 1.0)
+    assert plan.info["milp_solve_time_s"] >= 0
+
+
+def test_planning_is_deterministic():
+    w = layered()
+    for policy in PLANNERS:
+        a = plan_workload(w, fast_link(), 600, policy)
+        b = plan_workload(w, fast_link(), 600, policy)
+        assert a.to_dict(w) | {"info": None} == b.to_dict(w) | {"info": None}
