@@ -194,3 +194,28 @@ def test_simulate_plot_with_a_bad_extension_fails_before_simulating(tmp_path, ca
 
     code = main(["simulate", "--workload", str(tmp_path / "missing.json"), "--plot", str(tmp_path / "step.jpg")])
     assert code == 2 and "must end in .png, .svg or .pdf" in capsys.readouterr().err
+
+
+def test_sweep_plot_flag(tmp_path, capsys):
+    from slackswap.cli import main
+
+    chain(5, fwd_time_s=0.5).save(tmp_path / "w.json")
+    link(100.0).save(tmp_path / "hw.json")
+    code = main(["sweep", "--workload", str(tmp_path / "w.json"), "--hardware", str(tmp_path / "hw.json"),
+                 "--budgets", "0.5,1.0", "--policies", "full-recompute,slackswap", "--out", str(tmp_path / "s.csv"),
+                 "--plot", str(tmp_path / "sweep.png"), "--quiet"])
+    assert code == 0 and capsys.readouterr() == ("", "")
+    assert_png(tmp_path / "sweep.png")
+    assert (tmp_path / "s.csv").read_text().count("\n") == 5
+
+
+def test_sweep_plot_without_matplotlib_fails_before_sweeping(tmp_path, capsys, monkeypatch):
+    from slackswap.cli import main
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    chain(5).save(tmp_path / "w.json")
+    code = main(["sweep", "--workload", str(tmp_path / "w.json"), "--budgets", "0.5", "--out", str(tmp_path / "s.csv"),
+                 "--plot", str(tmp_path / "sweep.png")])
+    err = capsys.readouterr().err
+    assert code == 2 and "slackswap[plot]" in err and err.count("\n") == 1
+    assert not (tmp_path / "s.csv").exists()

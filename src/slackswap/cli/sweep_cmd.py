@@ -16,11 +16,17 @@ def register(subparsers) -> None:
                         help="budget fractions of the unconstrained peak (default 0.2:1.0:0.05)")
     parser.add_argument("--policies", default=None, metavar="A,B", help="comma-separated policies (default all)")
     parser.add_argument("--out", required=True, metavar="FILE", help="where to write the CSV")
+    parser.add_argument("--plot", metavar="FILE",
+                        help="also draw throughput against budget per policy (.png, .svg or .pdf; extra 'plot')")
     parser.add_argument("--quiet", action="store_true", help="print nothing but errors")
     parser.set_defaults(func=run)
 
 
 def run(args) -> int:
+    if args.plot:
+        from ..report.plots import check_plot_target
+
+        check_plot_target(args.plot)
     budgets = parse_budgets(args.budgets)
     policies = parse_policies(args.policies)
     hardware = load_hardware(args)
@@ -30,6 +36,10 @@ def run(args) -> int:
     if progress is not None:
         sys.stderr.write("\n")
     write_csv(args.out, rows)
+    if args.plot:
+        from ..report.plots import plot_sweep
+
+        plot_sweep(rows, args.plot)
     if not args.quiet:
         print(f"wrote {len(rows)} rows ({len(budgets)} budgets x {len(policies)} policies) to {args.out}")
     return 0
