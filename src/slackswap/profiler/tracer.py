@@ -62,6 +62,9 @@ class SaveRecord:
     call: str
     gap: int
     """Number of ops dispatched before this save."""
+    prev_can_save_output: bool = True
+    """False when the op before this save cannot have saved an output: a view, or an op whose
+    outputs carry no autograd node."""
     reader: int = -1
     is_output: bool = False
     """True when saved right after its reader ran (an output save), False for an input save."""
@@ -230,8 +233,11 @@ class Tracer:
     # ---- saves ------------------------------------------------------------------------------
     def on_pack(self, t: torch.Tensor):
         name = self.ids.lookup(t) if t.untyped_storage().nbytes() else None
+        prev = self.ops[-1] if self.ops else None
+        can = prev is not None and not prev.is_view and (
+            prev.node not in (None, False) or any(r.grad_fn is not None for r in prev.out_refs))
         self.saves.append(SaveRecord(storage=name, nbytes=t.untyped_storage().nbytes(), call=self.current_call(),
-                                     gap=len(self.ops)))
+                                     gap=len(self.ops), prev_can_save_output=can))
         self.events.append(("save", len(self.saves) - 1))
         return t
 
@@ -257,7 +263,7 @@ def _attribute_saves(ops: list[OpRecord], saves: list[SaveRecord]) -> None:
         input_phase = False
         given_before: set[str | None] = set()
         for s in group:
-            in_before = before is not None and s.storage in before_out
+            in_before = before is not None and s.storage in before_out and s.prev_can_save_output
             in_after = after is not None and (s.storage in after_in or s.storage is None)
             if s.storage is None and after is None:
                 in_after, in_before = False, before is not None
