@@ -168,7 +168,6 @@ def build_execution_map(workload: Workload, plan: Plan) -> ExecutionMap:
 
     regions = []
     realized: dict[str, Action] = {}
-    cached_transient: list[str] = []
     for call in region_calls:
         members = [i for i, r in enumerate(region_of_op) if r == call]
         first, last = members[0], members[-1]
@@ -196,8 +195,9 @@ def build_execution_map(workload: Workload, plan: Plan) -> ExecutionMap:
                 # Random ops re-draw from the region's saved RNG state in forward order, so all of them
                 # must run again for each to draw what it drew in forward (dropout masks).
                 or _aten(op.name) in RANDOM_OPS
-                # Free to redo (no counted FLOPs) and nobody saved it: cheaper than caching it.
-                or (transient and op.flops == 0)
+                # Nobody saved it: caching it would hold memory the plan never counts, so redo it
+                # (any FLOPs this adds are reported against the plan).
+                or transient
             )
             policy.append(not recompute)
             if recompute and not past_stop:
@@ -210,8 +210,6 @@ def build_execution_map(workload: Workload, plan: Plan) -> ExecutionMap:
                 t = workload.tensor_by_name[out]
                 if save:
                     cached.append(out)
-                    if not t.is_saved and out not in cached_transient:
-                        cached_transient.append(out)
                 if not t.is_saved or not all(region_of_op[index[r]] == call for r in t.bwd_readers):
                     continue
                 if not save:
@@ -266,9 +264,6 @@ def build_execution_map(workload: Workload, plan: Plan) -> ExecutionMap:
     if extra:
         notes.append(f"{len(extra)} region argument(s) not saved in the workload are held by checkpoint "
                      f"(first: {extra[0]!r})")
-    if cached_transient:
-        notes.append(f"{len(cached_transient)} unsaved tensor(s) with FLOPs are cached by SAC to avoid recomputing "
-                     f"them (first: {cached_transient[0]!r})")
     return ExecutionMap(regions=tuple(regions), realized=realized, pack_sequence=tuple(sequence),
                         plan_recompute_flops=plan_flops, runtime_recompute_flops=runtime_flops,
                         swap_bytes=swap_bytes, extra_held=tuple(extra), notes=tuple(notes))
