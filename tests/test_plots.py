@@ -130,10 +130,18 @@ def test_sweep_plot_rejects_no_rows():
         plots.build_sweep_figure([])
 
 
-REPRODUCE = {"budget_fraction": 0.5, "rows": [
-    {"model": "bert-large", "paper_throughput_pct": 96.3, "throughput_pct": 95.1},
-    {"model": "gpt2-xl", "paper_throughput_pct": 97.6, "throughput_pct": 98.0},
-    {"model": "llama-7b", "paper_throughput_pct": 99.6, "throughput_pct": None},
+def policies(**pcts):
+    return {name.replace("_", "-"): {"fits": v is not None, "throughput_pct": v} for name, v in pcts.items()}
+
+
+# The shape of run_reproduce's result (only the keys the figure reads), made-up numbers.
+REPRODUCE = {"rows": [
+    {"model": "bert-large", "paper_pct": 96.3, "budget_fraction": 0.5, "hardware": "a100-80gb-pcie4",
+     "policies": policies(ideal=100.0, full_recompute=77.5, slackswap=95.1)},
+    {"model": "gpt2-xl", "paper_pct": 97.6, "budget_fraction": 0.5, "hardware": "a100-80gb-pcie4",
+     "policies": policies(ideal=100.0, full_recompute=76.3, slackswap=98.0)},
+    {"model": "llama-7b", "paper_pct": 99.6, "budget_fraction": 0.5, "hardware": "a100-80gb-pcie4",
+     "policies": policies(ideal=100.0, full_recompute=79.6, slackswap=None)},
 ]}
 
 
@@ -143,13 +151,24 @@ def test_reproduce_plot_grouped_bars_paper_vs_ours(tmp_path):
     ax = fig.axes[0]
     assert ax.get_ylabel() == "throughput (% of ideal)" and ax.get_xlabel() == "model"
     assert [t.get_text() for t in ax.get_xticklabels()] == ["bert-large", "gpt2-xl", "llama-7b"]
-    assert len(ax.containers) == 2 and all(len(c) == 3 for c in ax.containers)
-    paper, ours = ax.containers
+    # paper, then every policy but ideal (100% by definition), three bars each
+    assert len(ax.containers) == 3 and all(len(c) == 3 for c in ax.containers)
+    paper, recompute, ours = ax.containers
     assert [round(b.get_height(), 1) for b in paper] == [96.3, 97.6, 99.6]
+    assert [round(b.get_height(), 1) for b in recompute] == [77.5, 76.3, 79.6]
     assert [round(b.get_height(), 1) for b in ours] == [95.1, 98.0, 0.0]
-    assert legend_texts(ax.get_legend()) == ["paper", "ours"]
+    assert legend_texts(ax.get_legend()) == ["paper (SlackSwap)", "full-recompute", "slackswap"]
     labels = [t.get_text() for t in ax.texts]
-    assert "n/a" in labels and "96.3" in labels
+    assert labels.count("n/a") == 1
+    assert ax.get_ylim()[0] == 70.0  # lowest bar 76.3, less 5, down to a multiple of 10
+    assert "50% of each model's activation peak, a100-80gb-pcie4" in ax.get_title()
+
+
+def test_reproduce_plot_chosen_policies():
+    fig = plots.build_reproduce_figure(REPRODUCE, policies=["slackswap"])
+    ax = fig.axes[0]
+    assert legend_texts(ax.get_legend()) == ["paper (SlackSwap)", "slackswap"]
+    assert ax.get_ylim()[0] == 90.0
 
 
 def test_plot_file_type_is_checked(tmp_path):

@@ -18,19 +18,35 @@ from slackswap.sim import simulate, simulate_ideal
 from slackswap.workloads.synthetic import chain
 from test_trace import check_trace_format
 
+def policy(pct, **extra):
+    return {"fits": pct is not None, "throughput_pct": pct, **extra}
+
+
+# The shape of slackswap.experiments.reproduce.run_reproduce's result, with made-up numbers.
 RESULT = {
-    "hardware": "a100-80gb-pcie4",
-    "budget_fraction": 0.5,
     "rows": [
-        {"model": "bert-large", "policy": "slackswap", "paper_throughput_pct": 96.3, "throughput_pct": 95.12,
-         "budget_bytes": 6 * 1024**3, "step_time_s": 0.412},
-        {"model": "gpt2-xl", "policy": "slackswap", "paper_throughput_pct": 97.6, "throughput_pct": 98.0,
-         "budget_bytes": 20 * 1024**3, "step_time_s": 1.25},
-        {"model": "llama-7b <eager>", "policy": "slackswap", "paper_throughput_pct": 99.6, "throughput_pct": 99.1,
-         "budget_bytes": 40 * 1024**3, "step_time_s": 3.5},
+        {"model": "bert-large", "paper_pct": 96.3, "budget_fraction": 0.5, "budget_bytes": 4 * 1024**3,
+         "unconstrained_peak_bytes": 8 * 1024**3, "minimum_budget_bytes": 1024**3, "ideal_step_time_s": 0.116,
+         "hardware": "test-link", "workload": "bert-large", "config": {"name": "bert-large", "layers": 24},
+         "policies": {"full-recompute": policy(77.5), "slackswap": policy(93.13), "swap-only": policy(None, note="no")},
+         "difference_pts": -3.17, "explanation": "-3.2 points from the paper: the link moves too little"},
+        {"model": "gpt2-xl", "paper_pct": 97.6, "budget_fraction": 0.5, "budget_bytes": 11 * 1024**3,
+         "unconstrained_peak_bytes": 22 * 1024**3, "minimum_budget_bytes": 2 * 1024**3, "ideal_step_time_s": 0.489,
+         "hardware": "test-link", "workload": "gpt2-xl", "config": {"name": "gpt2-xl", "layers": 48},
+         "policies": {"full-recompute": policy(76.3), "slackswap": policy(97.31), "swap-only": policy(48.1)},
+         "difference_pts": -0.29, "explanation": ""},
+        {"model": "llama-7b <eager>", "paper_pct": 99.6, "budget_fraction": 0.5, "budget_bytes": 16 * 1024**3,
+         "unconstrained_peak_bytes": 32 * 1024**3, "minimum_budget_bytes": 1024**3, "ideal_step_time_s": 1.93,
+         "hardware": "test-link", "workload": "llama-7b", "config": {"name": "llama-7b", "layers": 32},
+         "policies": {"full-recompute": policy(79.6), "slackswap": policy(99.81), "swap-only": policy(94.0)},
+         "difference_pts": 0.21, "explanation": ""},
     ],
-    "sensitivity": {"gemm_efficiency": [{"value": 0.5, "throughput_pct": 94.0}, {"value": 0.7, "throughput_pct": 97.0}]},
-    "parametrization": {"gemm_efficiency": 0.6, "copy_latency_s": 6e-6, "sources": ["A100 datasheet"]},
+    "sensitivity": [
+        {"model": "bert-large", "variant": "gemm efficiency 0.5", "policy": "slackswap", "throughput_pct": 94.0},
+        {"model": "bert-large", "variant": "gemm efficiency 0.7", "policy": "slackswap", "throughput_pct": 97.0},
+    ],
+    "parametrization": {"hardware": None, "budget_fraction": 0.5, "tolerance_pts": 2.0,
+                        "paper": "SlackSwap, arXiv 2610.13003"},
 }
 
 
@@ -94,10 +110,16 @@ def check_self_contained(path) -> Page:
     return page
 
 
+def result_with_hardware():
+    from slackswap.hardware import PRESETS
+
+    return {**RESULT, "parametrization": {**RESULT["parametrization"], "hardware": PRESETS["a100-80gb-pcie4"].to_dict()}}
+
+
 def test_report_is_self_contained_and_complete(tmp_path):
     pytest.importorskip("matplotlib")
     timelines, workloads, plans = steps()
-    path = write_report(tmp_path / "report", RESULT, timelines=timelines, workloads=workloads, plans=plans,
+    path = write_report(tmp_path / "report", result_with_hardware(), timelines=timelines, workloads=workloads, plans=plans,
                         sweep_rows=[{"model": "chain4", "policy": "hand", "budget_fraction": 0.5, "throughput_pct": 85.7}])
     assert path == tmp_path / "report" / "index.html"
     page = check_self_contained(path)
@@ -105,10 +127,16 @@ def test_report_is_self_contained_and_complete(tmp_path):
     assert len(images) == 1 + 1 + len(timelines)  # reproduce, sweep, one per step
     cells = page.cells
     for row in RESULT["rows"]:
-        assert row["model"] in cells  # escaped on the page, unescaped by the parser
-    assert "96.30%" in cells and "6.00 GiB" in cells and "412.00 ms" in cells
-    assert "6.0 us" in cells and "gemm_efficiency" in cells  # parametrization
-    assert "94.00%" in cells  # sensitivity
+        assert cells.count(row["model"]) >= 2  # main table and the every-policy table; escaped on the page
+    assert "llama-7b &lt;eager&gt;" in path.read_text()
+    assert ["bert-large", "96.30%", "93.13%", "-3.17 pts", "4.00 GiB", "8.00 GiB", "1.00 GiB", "116.00 ms"] == \
+        cells[cells.index("bert-large"):cells.index("bert-large") + 8]
+    every_policy = cells[cells.index("full-recompute"):]
+    assert every_policy[:3] == ["full-recompute", "slackswap", "swap-only"]
+    assert every_policy[3:7] == ["bert-large", "77.50%", "93.13%", "does not fit"]
+    assert "the link moves too little" in path.read_text()  # the explanation of the difference
+    assert "24.0 GB/s" in cells and "312.0 TFLOP/s" in cells and "6.0 us" in cells and "+2.00 pts" in cells  # parametrization
+    assert "gemm efficiency 0.7" in cells and "97.00%" in cells  # sensitivity
     traces = sorted(p.name for p in (tmp_path / "report").glob("trace-*.json"))
     assert traces == ["trace-chain4-hand-250-b.json", "trace-chain4-ideal.json"]
     for name in traces:
@@ -149,4 +177,20 @@ def test_cell_units_and_slugs():
     assert format_cell("budget_fraction", 0.5) == "50%"
     assert format_cell("throughput_pct", 99.126) == "99.13%"
     assert format_cell("note", None) == "-" and format_cell("x", [1, 2]) == "[1, 2]"
+    assert format_cell("d2h_bytes_per_s", 24e9) == "24.0 GB/s" and format_cell("peak_flops_per_s", 312e12) == "312.0 TFLOP/s"
+    assert format_cell("difference_pts", -0.288) == "-0.29 pts" and format_cell("sources", ["a", "b"]) == "a; b"
     assert slug("GPT2-XL slackswap @ 50%") == "gpt2-xl-slackswap-50"
+
+
+def test_reproduce_steps_rebuild_the_rows_exactly(tmp_path):
+    from slackswap.experiments.reproduce import run_reproduce
+    from slackswap.report.steps import reproduce_steps
+
+    result = run_reproduce(models=("bert-large",), policies=("full-recompute", "slackswap"), sensitivity=False)
+    timelines, workloads, plans = reproduce_steps(result)
+    assert list(timelines) == ["bert-large slackswap"]
+    timeline = timelines["bert-large slackswap"]
+    row = result["rows"][0]
+    assert timeline.throughput_pct == row["policies"]["slackswap"]["throughput_pct"]
+    assert timeline.budget_bytes == row["budget_bytes"] and plans["bert-large slackswap"].policy == "slackswap"
+    assert workloads["bert-large slackswap"].name == row["workload"]

@@ -83,7 +83,7 @@ def render_page(result, timelines, trace_files, sweep_rows, title) -> str:
     if summary:
         parts.append(render_value(summary))
     parts.append("<h2>Results</h2>")
-    parts.append(render_value(result.get("rows", [])))
+    parts.append(render_results(result.get("rows", [])))
     parts.append(_figure(lambda: _reproduce_png(result), "The paper's throughput and ours, per model."))
     if sweep_rows:
         parts.append("<h2>Budget sweep</h2>")
@@ -111,6 +111,42 @@ def render_page(result, timelines, trace_files, sweep_rows, title) -> str:
     )
 
 
+def render_results(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The reproduce rows: the paper against slackswap, every policy per model, and the explanations.
+    Rows without per-policy results are shown as a plain table."""
+    if not rows or not all(isinstance(r.get("policies"), Mapping) for r in rows):
+        return render_value(list(rows))
+    main = [{
+        "model": r.get("model"), "paper_pct": r.get("paper_pct"),
+        "slackswap_pct": r["policies"].get("slackswap", {}).get("throughput_pct"),
+        "difference_pts": r.get("difference_pts"), "budget_bytes": r.get("budget_bytes"),
+        "unconstrained_peak_bytes": r.get("unconstrained_peak_bytes"),
+        "minimum_budget_bytes": r.get("minimum_budget_bytes"), "ideal_step_time_s": r.get("ideal_step_time_s"),
+    } for r in rows]
+    parts = [render_value(main)]
+    policies = list(dict.fromkeys(p for r in rows for p in r["policies"]))
+    head = "".join(f"<th>{_e(p)}</th>" for p in policies)
+    body = []
+    for r in rows:
+        cells = []
+        for p in policies:
+            res = r["policies"].get(p)
+            if res is None:
+                cells.append("<td>-</td>")
+            elif res.get("throughput_pct") is None:
+                cells.append(f'<td title="{_e(str(res.get("note", "")))}">does not fit</td>')
+            else:
+                cells.append(_td("throughput_pct", res["throughput_pct"]))
+        body.append(f"<tr><th>{_e(str(r.get('model')))}</th>{''.join(cells)}</tr>")
+    parts.append("<h3>Throughput of every policy (% of ideal)</h3>")
+    parts.append(f"<table><thead><tr><th>model</th>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>")
+    notes = [(r.get("model"), r.get("explanation")) for r in rows if r.get("explanation")]
+    if notes:
+        parts.append("<h3>Where we differ from the paper</h3>")
+        parts.append("<ul>" + "".join(f"<li><b>{_e(str(m))}</b>: {_e(str(text))}</li>" for m, text in notes) + "</ul>")
+    return "\n".join(parts)
+
+
 def _step_summary(t: Timeline) -> dict[str, Any]:
     return {
         "workload": t.workload_name, "hardware": t.hardware_name, "policy": t.policy,
@@ -122,14 +158,22 @@ def _step_summary(t: Timeline) -> dict[str, Any]:
 
 # ---- values to HTML ---------------------------------------------------------------------------
 def format_cell(key: str, value: Any) -> str:
-    """A value as text, with the unit its key names (…_bytes, …_s, …_pct, …fraction)."""
+    """A value as text, with the unit its key names (…_bytes, …_s, …_pct, …_pts, …fraction, …_per_s)."""
     if value is None:
         return "-"
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return "; ".join(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+    if key.endswith("bytes_per_s"):
+        return f"{value / 1e9:.1f} GB/s"  # decimal, as vendors quote bandwidth
+    if key.endswith("flops_per_s"):
+        return f"{value / 1e12:.1f} TFLOP/s"
     if key.endswith("_bytes"):
         return format_bytes(value)
-    if key.endswith("_s"):
+    if key.endswith("_pts"):
+        return f"{value:+.2f} pts"
+    if key.endswith("_s") and not key.endswith("_per_s"):
         return format_seconds(value)
     if key.endswith("_pct"):
         return f"{value:.2f}%"
@@ -163,6 +207,8 @@ def render_value(value: Any, key: str = "", depth: int = 0) -> str:
 
 
 def _td(key: str, value: Any) -> str:
+    if isinstance(value, Mapping) and value:
+        return f"<td>{render_value(value, key, depth=2)}</td>"
     text = format_cell(key, value)
     css = ' class="num"' if isinstance(value, (int, float)) and not isinstance(value, bool) and _NUMBER.match(text) else ""
     return f"<td{css}>{_e(text)}</td>"

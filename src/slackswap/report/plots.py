@@ -185,56 +185,80 @@ def plot_sweep(rows: Sequence[Mapping[str, Any]], path, *, title: str | None = N
 
 
 # ---- reproduction -----------------------------------------------------------------------------
-def build_reproduce_figure(result: Mapping[str, Any], *, title: str | None = None):
-    """The paper's throughput next to ours, as grouped bars per model; the value above each bar."""
+def build_reproduce_figure(result: Mapping[str, Any], *, policies: Sequence[str] | None = None,
+                           title: str | None = None):
+    """The paper's throughput next to ours, as grouped bars per model, the value on each bar.
+
+    ``result`` is slackswap.experiments.reproduce.run_reproduce's dict; ``policies`` picks our
+    bars (default: every policy in the rows but 'ideal', which is 100% by definition).
+    """
     Figure = _figure_class()
     rows = list(result.get("rows", ()))
     if not rows:
         raise ValidationError("reproduce result has no rows to plot: run 'slackswap reproduce' first")
     models = [str(r["model"]) for r in rows]
-    series = reproduce_series(rows)
-    fig = Figure(figsize=(max(6.0, 1.9 * len(models) + 2.5), 4.6), layout="constrained")
+    series = reproduce_series(rows, policies)
+    fig = Figure(figsize=(max(7.0, 0.42 * len(series) * len(models) + 3.0), 4.8), layout="constrained")
     ax = fig.subplots()
-    width = 0.8 / len(series)
+    width = 0.84 / len(series)
     known = [v for _, values in series for v in values if v is not None]
     # Bars start above zero so that differences of a few percent stay visible.
-    floor = max(0.0, (min(known) if known else 100.0) - 10.0)
+    floor = max(0.0, 10.0 * (((min(known) if known else 100.0) - 5.0) // 10.0))
     for i, (label, values) in enumerate(series):
         xs = [m + (i - (len(series) - 1) / 2) * width for m in range(len(models))]
         heights = [v if v is not None else 0.0 for v in values]
-        bars = ax.bar(xs, heights, width * 0.95, label=label, color=f"C{i}" if i else "#7f7f7f")
-        ax.bar_label(bars, labels=[f"{v:.1f}" if v is not None else "" for v in values], fontsize="x-small", padding=2)
+        bars = ax.bar(xs, heights, width * 0.92, label=label, color=_series_color(label, i),
+                      edgecolor="black" if label == "slackswap" else "none", linewidth=0.8)
+        ax.bar_label(bars, labels=[f"{v:.1f}" if v is not None else "" for v in values],
+                     fontsize=6 if len(series) > 4 else "x-small", padding=1.5, rotation=90 if len(series) > 4 else 0)
         for x, v in zip(xs, values):
             if v is None:
-                ax.text(x, floor + 0.5, "n/a", ha="center", va="bottom", fontsize="x-small")
+                ax.text(x, floor + 0.5, "n/a", ha="center", va="bottom", fontsize=6, rotation=90)
     ax.set_xticks(range(len(models)), models)
     ax.set_ylabel("throughput (% of ideal)")
     ax.set_xlabel("model")
-    ax.set_ylim(floor, 102.5)
+    ax.set_ylim(floor, 106 if len(series) > 4 else 103)
     ax.axhline(100, color="grey", linewidth=0.8, linestyle=":")
     ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(loc="lower right", fontsize="small")
-    budget = result.get("budget_fraction")
-    ax.set_title(title or ("Throughput at the paper's budget" + (f" ({100 * float(budget):.0f}% of peak)" if budget else "")),
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small", frameon=False)
+    budget = rows[0].get("budget_fraction")
+    hardware = rows[0].get("hardware")
+    details = ", ".join(x for x in (
+        f"budget {100 * float(budget):.0f}% of each model's activation peak" if budget else "", hardware or "") if x)
+    ax.set_title(title or ("SlackSwap paper vs this reproduction" + (f"\n{details}" if details else "")),
                  fontsize="medium")
     return fig
 
 
-def reproduce_series(rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, list[float | None]]]:
-    """(legend label, one value per row) for the paper's figure and each of our columns."""
-    series: list[tuple[str, list[float | None]]] = [("paper", [_num(r.get("paper_throughput_pct")) for r in rows])]
-    ours = _unique(k for r in rows for k in r if k.startswith("throughput_pct"))
-    for key in ours:
-        label = "ours" if key == "throughput_pct" else f"ours, {key[len('throughput_pct_'):]}"
-        series.append((label, [_num(r.get(key)) for r in rows]))
+PAPER_LABEL = "paper (SlackSwap)"
+
+
+def reproduce_series(rows: Sequence[Mapping[str, Any]],
+                     policies: Sequence[str] | None = None) -> list[tuple[str, list[float | None]]]:
+    """(legend label, one throughput per row) for the paper's figure and each of our policies."""
+    if policies is None:
+        policies = [p for p in _unique(p for r in rows for p in r.get("policies", {})) if p != "ideal"]
+    series: list[tuple[str, list[float | None]]] = [(PAPER_LABEL, [_num(r.get("paper_pct")) for r in rows])]
+    for policy in policies:
+        series.append((policy, [_num(r.get("policies", {}).get(policy, {}).get("throughput_pct")) for r in rows]))
     return series
+
+
+def _series_color(label: str, index: int) -> str:
+    if label == PAPER_LABEL:
+        return "#4d4d4d"
+    if label == "slackswap":
+        return "#D55E00"
+    palette = ("#9ecae1", "#6baed6", "#3182bd", "#a1d99b", "#74c476", "#31a354", "#bcbddc", "#9e9ac8", "#fdd0a2")
+    return palette[(index - 1) % len(palette)]
 
 
 def _num(value: Any) -> float | None:
     return None if value is None else float(value)
 
 
-def plot_reproduce(result: Mapping[str, Any], path, *, title: str | None = None):
-    fig = build_reproduce_figure(result, title=title)
+def plot_reproduce(result: Mapping[str, Any], path, *, policies: Sequence[str] | None = None,
+                   title: str | None = None):
+    fig = build_reproduce_figure(result, policies=policies, title=title)
     save_figure(fig, path)
     return fig
