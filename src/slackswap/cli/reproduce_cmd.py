@@ -1,0 +1,90 @@
+"""`slackswap reproduce`: the SlackSwap paper's table, ours beside it and every baseline."""
+
+from __future__ import annotations
+
+import sys
+
+from ..experiments.reproduce import run_reproduce
+from ..units import format_bytes, format_seconds
+from .common import print_json
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("reproduce", help="the SlackSwap paper's table on the built-in models")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    parser.add_argument("--no-sensitivity", dest="sensitivity", action="store_false",
+                        help="skip the sensitivity runs (attention kernel, GEMM efficiency, duplex)")
+    parser.set_defaults(func=run)
+
+
+def run(args) -> int:
+    progress = (lambda text: print(f"  {text}", file=sys.stderr)) if sys.stderr.isatty() and not args.quiet else None
+    result = run_reproduce(sensitivity=args.sensitivity, progress=progress)
+    if args.quiet:
+        return 0
+    if args.json:
+        print_json(result)
+    else:
+        print("\n".join(table_lines(result)))
+    return 0
+
+
+def _pct(value) -> str:
+    return "   n/a" if value is None else f"{value:6.2f}%"
+
+
+def row_header_lines(row: dict) -> list[str]:
+    c = row["config"]
+    return [
+        f"{row['model']}: L={c['layers']} h={c['hidden']} heads={c['heads']} ffn={c['ffn']} seq={c['seq_len']} "
+        f"micro-batch={c['micro_batch']} attention={c['attention']} mlp={c['mlp']} on {row['hardware']}",
+        f"  budget {format_bytes(row['budget_bytes'])} = {100 * row['budget_fraction']:.0f}% of the unconstrained "
+        f"peak {format_bytes(row['unconstrained_peak_bytes'])} (minimum reachable "
+        f"{format_bytes(row['minimum_budget_bytes'])}); ideal step {format_seconds(row['ideal_step_time_s'])}",
+    ]
+
+
+def policy_lines(row: dict) -> list[str]:
+    lines = [f"  {'policy':<20} {'throughput':>10} {'peak memory':>12} {'step time':>10}  note"]
+    for name, r in row["policies"].items():
+        if not r["fits"]:
+            lines.append(f"  {name:<20} {'n/a':>10} {'n/a':>12} {'n/a':>10}  cannot reach this budget")
+            continue
+        note = ""
+        if "milp_objective_s" in r:
+            note = (f"MILP objective {format_seconds(r['milp_objective_s'])} over ideal, predicted "
+                    f"{format_seconds(r['milp_predicted_step_time_s'])}, solved in "
+                    f"{format_seconds(r['milp_solve_time_s'])}")
+        lines.append(f"  {name:<20} {_pct(r['throughput_pct']):>10} {format_bytes(r['peak_memory_bytes']):>12} "
+                     f"{format_seconds(r['step_time_s']):>10}  {note}")
+    return lines
+
+
+def comparison_line(row: dict) -> str:
+    ours = row["policies"].get("slackswap", {}).get("throughput_pct")
+    diff = row.get("difference_pts")
+    diff_text = "n/a" if diff is None else f"{diff:+.2f} points"
+    return f"  paper {_pct(row['paper_pct'])}  ours (slackswap) {_pct(ours)}  difference {diff_text}"
+
+
+def sensitivity_lines(entries: list[dict]) -> list[str]:
+    if not entries:
+        return []
+    lines = ["", "sensitivity of slackswap (throughput, % of ideal, at the same budget fraction):"]
+    for e in entries:
+        lines.append(f"  {e['model']:<11} {e['variant']:<40} {_pct(e['throughput_pct'])}  "
+                     f"(paper {_pct(e['paper_pct'])})")
+    return lines
+
+
+def table_lines(result: dict) -> list[str]:
+    lines: list[str] = []
+    for row in result["rows"]:
+        lines += row_header_lines(row) + policy_lines(row) + [comparison_line(row)]
+        if row.get("explanation"):
+            lines.append(f"  why: {row['explanation']}")
+        lines.append("")
+    lines += sensitivity_lines(result.get("sensitivity", []))
+    lines += ["", f"parametrization: {result['parametrization']['why']}"]
+    return lines
