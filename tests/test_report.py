@@ -194,3 +194,42 @@ def test_reproduce_steps_rebuild_the_rows_exactly(tmp_path):
     assert timeline.throughput_pct == row["policies"]["slackswap"]["throughput_pct"]
     assert timeline.budget_bytes == row["budget_bytes"] and plans["bert-large slackswap"].policy == "slackswap"
     assert workloads["bert-large slackswap"].name == row["workload"]
+
+
+# ---- the CLI ------------------------------------------------------------------------------------
+@pytest.fixture
+def fast_reproduce(monkeypatch):
+    """reproduce over every policy and model takes minutes; the wiring is the same on one model."""
+    from slackswap.cli import reproduce_cmd
+    from slackswap.experiments.reproduce import run_reproduce
+
+    def one_model(**kwargs):
+        return run_reproduce(models=("bert-large",), policies=("full-recompute", "slackswap"),
+                             sensitivity=False, progress=kwargs.get("progress"))
+
+    monkeypatch.setattr(reproduce_cmd, "run_reproduce", one_model)
+
+
+def test_reproduce_report_and_plot_flags(tmp_path, capsys, fast_reproduce):
+    pytest.importorskip("matplotlib")
+    from slackswap.cli import main
+
+    code = main(["reproduce", "--report", str(tmp_path / "rep"), "--plot", str(tmp_path / "bars.png"), "--quiet"])
+    assert code == 0 and capsys.readouterr() == ("", "")
+    assert (tmp_path / "bars.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    page = check_self_contained(tmp_path / "rep" / "index.html")
+    assert len([t for t, _ in page.tags if t == "img"]) == 2  # the bars and bert-large's step
+    assert "bert-large" in page.cells
+    check_trace_format(json.loads((tmp_path / "rep" / "trace-bert-large-slackswap.json").read_text()))
+
+
+def test_reproduce_report_without_matplotlib(tmp_path, capsys, monkeypatch, fast_reproduce):
+    from slackswap.cli import main
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    assert main(["reproduce", "--report", str(tmp_path / "rep"), "--quiet"]) == 0
+    text = (tmp_path / "rep" / "index.html").read_text()
+    assert "<img" not in text and "slackswap[plot]" in text
+    assert main(["reproduce", "--plot", str(tmp_path / "bars.png")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "pip install 'slackswap[plot]'" in err

@@ -15,12 +15,31 @@ def register(subparsers) -> None:
     parser.add_argument("--quiet", action="store_true", help="print nothing but errors")
     parser.add_argument("--no-sensitivity", dest="sensitivity", action="store_false",
                         help="skip the sensitivity runs (attention kernel, GEMM efficiency, duplex)")
+    parser.add_argument("--plot", metavar="FILE",
+                        help="also draw the paper's figures against ours as grouped bars (.png, .svg or .pdf; extra 'plot')")
+    parser.add_argument("--report", metavar="DIR",
+                        help="also write DIR/index.html (self-contained: tables, figures, parametrization) "
+                        "and a Chrome trace per model beside it")
     parser.set_defaults(func=run)
 
 
 def run(args) -> int:
+    if args.plot:
+        from ..report.plots import check_plot_target
+
+        check_plot_target(args.plot)
     progress = (lambda text: print(f"  {text}", file=sys.stderr)) if sys.stderr.isatty() and not args.quiet else None
     result = run_reproduce(sensitivity=args.sensitivity, progress=progress)
+    if args.plot:
+        from ..report.plots import plot_reproduce
+
+        plot_reproduce(result, args.plot)
+    if args.report:
+        from ..report.html_report import write_report
+        from ..report.steps import reproduce_steps
+
+        timelines, workloads, plans = reproduce_steps(result, progress=progress)
+        write_report(args.report, result, timelines=timelines, workloads=workloads, plans=plans)
     if args.quiet:
         return 0
     if args.json:
