@@ -29,6 +29,7 @@ def register(subparsers) -> None:
                         help="project the measured times onto this hardware by roofline (default: keep measured times)")
     parser.add_argument("--warmup", type=int, default=1, metavar="N", help="warm-up steps before measuring (default 1)")
     parser.add_argument("--repeats", type=int, default=3, metavar="N", help="measured steps; times are medians (default 3)")
+    parser.add_argument("--quiet", action="store_true", help="print nothing but errors (the workload is still written)")
     parser.set_defaults(func=run)
 
 
@@ -67,6 +68,8 @@ def run(args) -> int:
     batch = make_batch()
     workload = profile_model(model, batch, loss_fn, hardware=hardware, warmup=args.warmup, repeats=args.repeats)
     workload.save(args.out)
+    if args.quiet:
+        return 0
     print(f"{workload.name}: {len(workload.ops)} ops, {len(workload.saved_tensors)} saved tensors, "
           f"{format_bytes(workload.saved_bytes)} saved, step {format_seconds(workload.ideal_step_time_s)} "
           f"({workload.meta['times']}) -> {args.out}")
