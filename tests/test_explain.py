@@ -142,3 +142,11 @@ def test_explain_command_text_and_bad_policy(tmp_path, capsys):
     assert main(["explain", "--workload", str(tmp_path / "w.json"), "--policy", "magic"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "unknown policy 'magic'" in err
+
+
+def test_explain_empty_policy_is_named_not_defaulted(tmp_path, capsys):
+    from slackswap.cli import main
+
+    chain(4).save(tmp_path / "w.json")
+    assert main(["explain", "--workload", str(tmp_path / "w.json"), "--policy", ""]) == 2
+    assert "unknown policy ''" in capsys.readouterr().err

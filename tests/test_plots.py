@@ -238,3 +238,11 @@ def test_sweep_plot_without_matplotlib_fails_before_sweeping(tmp_path, capsys, m
     err = capsys.readouterr().err
     assert code == 2 and "slackswap[plot]" in err and err.count("\n") == 1
     assert not (tmp_path / "s.csv").exists()
+
+
+def test_unwritable_plot_path_is_one_line_error(tmp_path):
+    from slackswap.errors import OutputPathError
+
+    with pytest.raises(OutputPathError, match="cannot write plot") as info:
+        plots.plot_step(hand_timeline(), tmp_path / "missing" / "step.png")
+    assert "\n" not in str(info.value)

@@ -233,3 +233,15 @@ def test_reproduce_report_without_matplotlib(tmp_path, capsys, monkeypatch, fast
     assert main(["reproduce", "--plot", str(tmp_path / "bars.png")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "pip install 'slackswap[plot]'" in err
+
+
+def test_report_directory_that_cannot_be_made_is_refused(tmp_path):
+    from slackswap.errors import OutputPathError
+
+    (tmp_path / "a_file").write_text("keep me\n")
+    for target, fragment in ((tmp_path / "a_file", "is a file"), (tmp_path / "a_file" / "rep", "is a file")):
+        with pytest.raises(OutputPathError, match=fragment):
+            write_report(target, RESULT)
+    assert (tmp_path / "a_file").read_text() == "keep me\n"
+    write_report(tmp_path / "new" / "nested", RESULT)  # missing parents are created
+    assert (tmp_path / "new" / "nested" / "index.html").is_file()

@@ -30,7 +30,7 @@ def run(args) -> int:
     workload = load_workload(args, hardware)
     ideal = simulate_ideal(workload, hardware)
     budget = parse_budget(args.budget, ideal.peak_memory_bytes)
-    plan = plan_workload(workload, hardware, budget, args.policy or DEFAULT_POLICY)
+    plan = plan_workload(workload, hardware, budget, DEFAULT_POLICY if args.policy is None else args.policy)
     timeline = simulate(workload, hardware, plan, budget, check=False)
     result = explain(workload, hardware, plan, timeline)
     if args.json:

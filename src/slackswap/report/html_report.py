@@ -12,12 +12,13 @@ import base64
 import html
 import io
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from .._fields import write_text_atomic
-from ..errors import MissingExtraError, ValidationError
+from ..errors import MissingExtraError, OutputPathError, ValidationError
 from ..plans import Plan
 from ..timeline import Timeline
 from ..units import format_bytes, format_seconds
@@ -55,7 +56,11 @@ def write_report(
     the page is still written, with a note where the figures would be.
     """
     out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
+    check_report_dir(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputPathError(f"cannot create report directory {str(out)!r}: {exc.strerror or exc}") from None
     timelines = dict(timelines or {})
     workloads, plans = dict(workloads or {}), dict(plans or {})
     trace_files = {}
@@ -69,6 +74,20 @@ def write_report(
     path = out / "index.html"
     write_text_atomic(path, page)
     return path
+
+
+def check_report_dir(directory) -> None:
+    """Fail before any long computation if ``directory`` cannot hold the report."""
+    out = Path(directory)
+    if out.exists() and not out.is_dir():
+        raise OutputPathError(f"report directory {str(out)!r} is a file: give a directory path")
+    existing = out
+    while not existing.exists():  # the nearest ancestor that exists must be a writable directory
+        existing = existing.parent
+    if not existing.is_dir():
+        raise OutputPathError(f"cannot create report directory {str(out)!r}: {str(existing)!r} is a file")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise OutputPathError(f"cannot create report directory {str(out)!r}: {str(existing)!r} is not writable")
 
 
 def slug(label: str) -> str:

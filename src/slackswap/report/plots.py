@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from ..errors import ValidationError, require
+from ..errors import OutputPathError, ValidationError, require
 from ..timeline import Timeline
 from ..units import GiB, KiB, MiB, format_bytes, format_seconds
 
@@ -49,7 +49,10 @@ def _check_suffix(path) -> None:
 
 def save_figure(figure, path) -> None:
     _check_suffix(path)
-    figure.savefig(Path(path), dpi=150)
+    try:
+        figure.savefig(Path(path), dpi=150)
+    except OSError as exc:
+        raise OutputPathError(f"cannot write plot {str(path)!r}: {exc.strerror or exc}; check the path") from None
 
 
 def byte_unit(max_bytes: float) -> tuple[str, float]:
