@@ -69,6 +69,8 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
         if target.is_dir():
             raise IsADirectoryError(21, "Is a directory")
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
+        # mkstemp makes the file private (0600); give it the mode a plain open() would.
+        os.chmod(tmp, _mode_for(target))
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
         os.replace(tmp, target)
@@ -95,6 +97,16 @@ def is_text(value: Any) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def _mode_for(target: Path) -> int:
+    """An existing file keeps its permission bits; a new one gets 0666 less the umask."""
+    try:
+        return target.stat().st_mode & 0o7777
+    except OSError:
+        umask = os.umask(0o022)
+        os.umask(umask)
+        return 0o666 & ~umask
 
 
 class Fields:

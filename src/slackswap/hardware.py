@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -199,6 +200,13 @@ PRESETS: dict[str, Hardware] = {
 
 def get_hardware(name_or_path: str) -> Hardware:
     """A preset by name, or a hardware JSON file by path."""
+    if isinstance(name_or_path, os.PathLike):
+        name_or_path = os.fspath(name_or_path)
+    if not isinstance(name_or_path, str):
+        raise UnknownNameError(
+            f"hardware must be a preset name, a .json path or a Hardware, got {type(name_or_path).__name__}: "
+            f"choose one of {', '.join(PRESETS)}"
+        )
     if name_or_path in PRESETS:
         return PRESETS[name_or_path]
     if name_or_path.endswith(".json"):

@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
+from pathlib import Path
 from typing import Any
 
-from ..errors import BudgetError, ValidationError
+from ..errors import BudgetError, OutputPathError, ValidationError
 from ..hardware import Hardware, get_hardware
 from ..units import format_bytes, parse_size_bytes
 from ..workload import Workload
@@ -91,6 +93,32 @@ def parse_budget(text: str, peak_bytes: int) -> int:
             f"({peak_bytes} bytes): everything fits; use 1.0 or a smaller size"
         )
     return size
+
+
+def check_output_paths(*paths: str | None) -> None:
+    """Fail before any work if an output file cannot be written: a missing or read-only
+    directory, a directory given as the file, or one file named for two outputs.
+
+    Writing itself goes through a temporary file and a rename (``_fields.write_text_atomic``),
+    so an existing file is replaced whole, and kept as it was if anything fails.
+    """
+    given = [p for p in paths if p]
+    seen: set[str] = set()
+    for path in given:
+        target = Path(path)
+        key = os.path.realpath(target)
+        if key in seen:
+            raise OutputPathError(f"{str(path)!r} is named for two outputs: give each output its own file")
+        seen.add(key)
+        if target.is_dir():
+            raise OutputPathError(f"output {str(path)!r} is a directory: give a file path inside it")
+        parent = target.parent if str(target.parent) else Path(".")
+        if not parent.is_dir():
+            raise OutputPathError(
+                f"cannot write {str(path)!r}: directory {str(parent)!r} does not exist; create it first"
+            )
+        if not os.access(parent, os.W_OK | os.X_OK):
+            raise OutputPathError(f"cannot write {str(path)!r}: directory {str(parent)!r} is not writable")
 
 
 def print_json(obj: Any) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..units import format_bytes, format_seconds
-from .common import add_hardware_arg, add_workload_args, load_hardware, load_workload
+from .common import add_hardware_arg, add_workload_args, check_output_paths, load_hardware, load_workload
 
 
 def register(subparsers) -> None:
@@ -15,6 +15,7 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    check_output_paths(args.out)
     hardware = load_hardware(args)
     workload = load_workload(args, hardware)
     workload.save(args.out)

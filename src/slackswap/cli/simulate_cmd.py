@@ -7,7 +7,7 @@ from ..sim import simulate, simulate_ideal
 from ..timeline import Timeline
 from ..units import format_bytes, format_seconds
 from .common import (
-    add_hardware_arg, add_workload_args, load_hardware, load_workload, parse_budget, print_json,
+    add_hardware_arg, add_workload_args, check_output_paths, load_hardware, load_workload, parse_budget, print_json,
 )
 
 
@@ -31,6 +31,7 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    check_output_paths(args.timeline, args.trace, args.plot)
     if args.plot:
         from ..report.plots import check_plot_target
 
@@ -43,11 +44,13 @@ def run(args) -> int:
         budget = plan.budget_bytes if args.budget is None else parse_budget(args.budget, ideal.peak_memory_bytes)
         timeline = simulate(workload, hardware, plan, budget)
     elif args.policy in (None, "ideal"):
+        if args.budget is not None:  # no plan uses it, but a garbage budget is still an error
+            parse_budget(args.budget, ideal.peak_memory_bytes)
         plan, timeline = None, ideal
     else:
         from ..planners import plan_workload
 
-        budget = parse_budget(args.budget or "0.5", ideal.peak_memory_bytes)
+        budget = parse_budget("0.5" if args.budget is None else args.budget, ideal.peak_memory_bytes)
         plan = plan_workload(workload, hardware, budget, args.policy)
         timeline = simulate(workload, hardware, plan, budget, check=False)
     if args.timeline:
