@@ -6,7 +6,7 @@ import sys
 
 from ..experiments.reproduce import run_reproduce
 from ..units import format_bytes, format_seconds
-from .common import print_json
+from .common import check_output_paths, print_json
 
 
 def register(subparsers) -> None:
@@ -24,10 +24,15 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    check_output_paths(args.plot)
     if args.plot:
         from ..report.plots import check_plot_target
 
         check_plot_target(args.plot)
+    if args.report:
+        from ..report.html_report import check_report_dir
+
+        check_report_dir(args.report)
     progress = (lambda text: print(f"  {text}", file=sys.stderr)) if sys.stderr.isatty() and not args.quiet else None
     result = run_reproduce(sensitivity=args.sensitivity, progress=progress)
     if args.plot:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from ..experiments.sweep import parse_budgets, parse_policies, run_sweep, write_csv
-from .common import add_hardware_arg, add_workload_args, load_hardware, load_workload
+from .common import add_hardware_arg, add_workload_args, check_output_paths, load_hardware, load_workload
 
 
 def register(subparsers) -> None:
@@ -23,6 +23,7 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    check_output_paths(args.out, args.plot)
     if args.plot:
         from ..report.plots import check_plot_target
 
