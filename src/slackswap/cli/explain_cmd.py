@@ -19,6 +19,7 @@ def register(subparsers) -> None:
     add_budget_arg(parser)
     parser.add_argument("--policy", default=None, metavar="P", help="planning policy (default: slackswap)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--quiet", action="store_true", help="print nothing but errors")
     parser.set_defaults(func=run)
 
 
@@ -33,6 +34,8 @@ def run(args) -> int:
     plan = plan_workload(workload, hardware, budget, DEFAULT_POLICY if args.policy is None else args.policy)
     timeline = simulate(workload, hardware, plan, budget, check=False)
     result = explain(workload, hardware, plan, timeline)
+    if args.quiet:
+        return 0
     if args.json:
         print_json(result.to_dict())
     else:

@@ -17,12 +17,16 @@ def run(args) -> int:
     if args.json:
         print_json({name: hw.to_dict() for name, hw in PRESETS.items()})
         return 0
-    print(f"{'preset':<17} {'peak TFLOP/s':>12} {'eff GEMM/attn/HBM':>17} {'HBM GB':>7} {'HBM GB/s':>9} "
-          f"{'D2H GB/s':>9} {'H2D GB/s':>9} {'H2D duplex':>10} {'latency':>8}")
-    for name, hw in PRESETS.items():
-        efficiencies = f"{hw.gemm_efficiency:.2f}/{hw.attention_efficiency:.2f}/{hw.hbm_efficiency:.2f}"
-        print(f"{name:<17} {hw.peak_flops_per_s / 1e12:>12.0f} {efficiencies:>17} {hw.hbm_capacity_bytes / 1e9:>7.0f} "
-              f"{hw.hbm_bytes_per_s / GB:>9.0f} {hw.d2h_bytes_per_s / GB:>9.0f} {hw.h2d_bytes_per_s / GB:>9.0f} "
-              f"{hw.duplex_h2d_factor:>9.2f}x {hw.copy_latency_s * 1e6:>5.1f} us")
+    from ..report.console import render_table
+
+    render_table(
+        ("preset", "peak TFLOP/s", "eff GEMM/attn/HBM", "HBM GB", "HBM GB/s", "D2H GB/s", "H2D GB/s",
+         "H2D duplex", "copy latency"),
+        [(name, f"{hw.peak_flops_per_s / 1e12:.0f}",
+          f"{hw.gemm_efficiency:.2f}/{hw.attention_efficiency:.2f}/{hw.hbm_efficiency:.2f}",
+          f"{hw.hbm_capacity_bytes / 1e9:.0f}", f"{hw.hbm_bytes_per_s / GB:.0f}", f"{hw.d2h_bytes_per_s / GB:.0f}",
+          f"{hw.h2d_bytes_per_s / GB:.0f}", f"{hw.duplex_h2d_factor:.2f}x", f"{hw.copy_latency_s * 1e6:.1f} us")
+         for name, hw in PRESETS.items()],
+    )
     print("H2D duplex: factor on H2D bandwidth while a D2H copy runs; sources: docs/hardware.md")
     return 0

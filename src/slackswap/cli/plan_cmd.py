@@ -5,7 +5,9 @@ from __future__ import annotations
 from ..planners import DEFAULT_POLICY, PLANNERS, plan_workload
 from ..sim import simulate, simulate_ideal
 from ..units import format_bytes, format_seconds
-from .common import add_budget_arg, add_hardware_arg, add_workload_args, load_hardware, load_workload, parse_budget
+from .common import (
+    add_budget_arg, add_hardware_arg, add_workload_args, load_hardware, load_workload, parse_budget, print_json,
+)
 
 
 def register(subparsers) -> None:
@@ -16,6 +18,7 @@ def register(subparsers) -> None:
     parser.add_argument("--policy", default=DEFAULT_POLICY, choices=list(PLANNERS), metavar="P",
                         help=f"planning policy: {', '.join(PLANNERS)} (default {DEFAULT_POLICY})")
     parser.add_argument("--out", required=True, metavar="FILE", help="where to write the plan JSON")
+    parser.add_argument("--json", action="store_true", help="print a JSON summary of the plan and its simulation")
     parser.add_argument("--quiet", action="store_true", help="print nothing but errors")
     parser.set_defaults(func=run)
 
@@ -27,8 +30,22 @@ def run(args) -> int:
     budget = parse_budget(args.budget, ideal.peak_memory_bytes)
     plan = plan_workload(workload, hardware, budget, args.policy)
     plan.save(args.out, workload)
-    if not args.quiet:
-        timeline = simulate(workload, hardware, plan, plan.budget_bytes, check=False)
+    if args.quiet:
+        return 0
+    timeline = simulate(workload, hardware, plan, plan.budget_bytes, check=False)
+    if args.json:
+        from ..plans import Action
+
+        print_json({
+            "plan_file": args.out, "policy": plan.policy, "workload": workload.name, "hardware": hardware.name,
+            "budget_bytes": plan.budget_bytes, "unconstrained_peak_bytes": ideal.peak_memory_bytes,
+            "keep_count": plan.count(Action.KEEP), "swap_count": plan.count(Action.SWAP),
+            "recompute_count": plan.count(Action.RECOMPUTE),
+            "swap_bytes": plan.bytes_with(workload, Action.SWAP),
+            "recompute_bytes": plan.bytes_with(workload, Action.RECOMPUTE),
+            "simulated": timeline.summary(), "info": dict(plan.info),
+        })
+    else:
         print("\n".join(summary_lines(plan, timeline, workload, ideal.peak_memory_bytes, args.out)))
     return 0
 

@@ -50,7 +50,7 @@ def run(args) -> int:
     if args.json:
         print_json(result)
     else:
-        print("\n".join(table_lines(result)))
+        print_tables(result)
     return 0
 
 
@@ -69,20 +69,31 @@ def row_header_lines(row: dict) -> list[str]:
     ]
 
 
-def policy_lines(row: dict) -> list[str]:
-    lines = [f"  {'policy':<20} {'throughput':>10} {'peak memory':>12} {'step time':>10}  note"]
+POLICY_HEADERS = ("policy", "throughput (% of ideal)", "peak memory", "step time", "note")
+
+
+def policy_rows(row: dict) -> list[tuple[str, str, str, str, str]]:
+    rows = []
     for name, r in row["policies"].items():
         if not r["fits"]:
-            lines.append(f"  {name:<20} {'n/a':>10} {'n/a':>12} {'n/a':>10}  cannot reach this budget")
+            rows.append((name, "n/a", "n/a", "n/a", "cannot reach this budget"))
             continue
         note = ""
         if "milp_objective_s" in r:
             note = (f"MILP objective {format_seconds(r['milp_objective_s'])} over ideal, predicted "
                     f"{format_seconds(r['milp_predicted_step_time_s'])}, solved in "
                     f"{format_seconds(r['milp_solve_time_s'])}")
-        lines.append(f"  {name:<20} {_pct(r['throughput_pct']):>10} {format_bytes(r['peak_memory_bytes']):>12} "
-                     f"{format_seconds(r['step_time_s']):>10}  {note}")
-    return lines
+        rows.append((name, f"{r['throughput_pct']:.2f}%", format_bytes(r["peak_memory_bytes"]),
+                     format_seconds(r["step_time_s"]), note))
+    return rows
+
+
+def policy_lines(row: dict) -> list[str]:
+    from ..report.console import plain_table
+
+    table = policy_rows(row)
+    text = plain_table(POLICY_HEADERS, table, [False, True, True, True, False], None)
+    return ["  " + line for line in text.rstrip("\n").split("\n")]
 
 
 def comparison_line(row: dict) -> str:
@@ -100,6 +111,20 @@ def sensitivity_lines(entries: list[dict]) -> list[str]:
         lines.append(f"  {e['model']:<11} {e['variant']:<40} {_pct(e['throughput_pct'])}  "
                      f"(paper {_pct(e['paper_pct'])})")
     return lines
+
+
+def print_tables(result: dict) -> None:
+    """Like table_lines, with each model's policy table through render_table (rich on a terminal)."""
+    from ..report.console import render_table
+
+    for row in result["rows"]:
+        print("\n".join(row_header_lines(row)))
+        render_table(POLICY_HEADERS, policy_rows(row))
+        print(comparison_line(row))
+        if row.get("explanation"):
+            print(f"  why: {row['explanation']}")
+        print()
+    print("\n".join(sensitivity_lines(result.get("sensitivity", [])) + ["", f"parametrization: {result['parametrization']['why']}"]))
 
 
 def table_lines(result: dict) -> list[str]:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import sys
-
 from ..experiments.sweep import parse_budgets, parse_policies, run_sweep, write_csv
-from .common import add_hardware_arg, add_workload_args, check_output_paths, load_hardware, load_workload
+from ..report.console import progress_reporter
+from .common import (
+    add_hardware_arg, add_workload_args, check_output_paths, load_hardware, load_workload, print_json,
+)
 
 
 def register(subparsers) -> None:
@@ -18,6 +19,7 @@ def register(subparsers) -> None:
     parser.add_argument("--out", required=True, metavar="FILE", help="where to write the CSV")
     parser.add_argument("--plot", metavar="FILE",
                         help="also draw throughput against budget per policy (.png, .svg or .pdf; extra 'plot')")
+    parser.add_argument("--json", action="store_true", help="print the rows as one JSON object")
     parser.add_argument("--quiet", action="store_true", help="print nothing but errors")
     parser.set_defaults(func=run)
 
@@ -32,25 +34,15 @@ def run(args) -> int:
     policies = parse_policies(args.policies)
     hardware = load_hardware(args)
     workload = load_workload(args, hardware)
-    progress = terminal_progress(sys.stderr) if not args.quiet and sys.stderr.isatty() else None
-    rows = run_sweep(workload, hardware, budgets, policies, progress=progress)
-    if progress is not None:
-        sys.stderr.write("\n")
+    with progress_reporter("sweep", quiet=args.quiet) as progress:
+        rows = run_sweep(workload, hardware, budgets, policies, progress=progress)
     write_csv(args.out, rows)
     if args.plot:
         from ..report.plots import plot_sweep
 
         plot_sweep(rows, args.plot)
-    if not args.quiet:
+    if args.json and not args.quiet:
+        print_json({"workload": workload.name, "hardware": hardware.name, "rows": rows})
+    elif not args.quiet:
         print(f"wrote {len(rows)} rows ({len(budgets)} budgets x {len(policies)} policies) to {args.out}")
     return 0
-
-
-def terminal_progress(stream):
-    """A one-line progress indicator redrawn in place: '[####....] 12/40 slackswap at 0.50'."""
-    def show(done: int, total: int, label: str) -> None:
-        width = 30
-        filled = width * done // total if total else width
-        stream.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {label:<32}")
-        stream.flush()
-    return show
