@@ -116,6 +116,8 @@ def profile_model(
         "times": "measured, median over repeats",
         "warmup": warmup,
         "repeats": repeats,
+        # In-place writes make new tensor versions (tracer.py); the runtime refuses older profiles.
+        "storage_versions": 1,
     }
     workload = build_workload(first, median_times(fwd_runs), median_times(bwd_runs),
                               name=workload_name(model), meta=meta)

@@ -9,15 +9,21 @@ The tracer is three observers running together:
 * saved_tensors_hooks record each tensor autograd saves.
 
 Tensors are identified by their *storage*: a view, a transpose or an in-place result is the
-same tensor as its base, so a storage saved through several views counts once. Storages of
-parameters and buffers are not activations and are left out. Autograd saves an op's inputs
+same tensor as its base, so a storage saved through several views counts once. An op that
+writes into an existing storage (an in-place op, an ``out=`` argument: the schema marks the
+argument as written) makes a new *version* of it: a new workload tensor of the same size,
+produced by that op, so that rebuilding what a later op reads re-runs the writes too (a
+dropout mask is ``empty_like``, then ``bernoulli_``, then ``div_``). Storages of parameters and
+buffers are not activations and are left out. Autograd saves an op's inputs
 just before the op reaches the dispatcher and its outputs just after, so each save is
 attributed to the op before it (if it saved one of that op's outputs) or to the op after it
-(if it saved one of that op's inputs); see ``_attribute_saves``.
+(if it saved one of that op's inputs); see ``_attribute_saves``. That guess is then checked
+against the traced backward: the op whose autograd node unpacks a save is its reader.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,9 +48,10 @@ class OpRecord:
     """Innermost module call that ran the op ('loss_fn' for ops outside the model)."""
     inputs: list[str]
     outputs: list[str]
-    """Storages the op created (not views or in-place results of existing storages)."""
+    """Tensors the op made: versions of storages it wrote into (in place, ``out=``), then new storages.
+    Views of existing storages are not new tensors."""
     touched: list[str]
-    """Storages of every tensor output, including views and in-place results."""
+    """Current tensor names of every storage the op wrote or returned, including views."""
     flops: float
     bytes_accessed: float
     is_view: bool
@@ -68,6 +75,8 @@ class SaveRecord:
     reader: int = -1
     is_output: bool = False
     """True when saved right after its reader ran (an output save), False for an input save."""
+    observed_reader: int = -1
+    """Op whose autograd node unpacked this save in the traced backward (-1: never unpacked)."""
 
 
 @dataclass
@@ -121,9 +130,37 @@ class _StorageIds:
         self.nbytes[name] = t.untyped_storage().nbytes()
         self.keep.append(t)
 
+    def rename(self, key: tuple, name: str, t: torch.Tensor) -> None:
+        """The storage at ``key`` now holds a new version, called ``name``."""
+        self._add(key, name, t)
+
 
 def _tensors(tree) -> list[torch.Tensor]:
     return [x for x in tree_flatten(tree)[0] if isinstance(x, torch.Tensor)]
+
+
+def written_tensors(func, args, kwargs) -> list[torch.Tensor]:
+    """Tensor arguments the op writes into (in-place ``self``, ``out=``), in schema order."""
+    schema = getattr(func, "_schema", None)
+    if schema is None:
+        return []
+    written: list[torch.Tensor] = []
+    for i, arg in enumerate(schema.arguments):
+        if arg.alias_info is None or not arg.alias_info.is_write:
+            continue
+        value = args[i] if i < len(args) and not arg.kwarg_only else kwargs.get(arg.name)
+        written.extend(_tensors(value))
+    return written
+
+
+def version_name(op_name: str, k: int) -> str:
+    """Name of the version of a storage that the k-th written argument of an op makes."""
+    return f"{op_name}:w{k}"
+
+
+def output_name(op_name: str, i: int) -> str:
+    """Name of a new storage an op creates as its i-th tensor output."""
+    return f"{op_name}:{i}"
 
 
 class _Recorder(TorchDispatchMode):
@@ -155,6 +192,8 @@ class Tracer:
         self.direct_ops: dict[str, int] = {}
         self.paths = {id(m): name for name, m in model.named_modules()}
         self.fwd_times: list[float] = []
+        self.running = threading.local()
+        """``running.op``: the op whose autograd node runs now on this thread (set in backward)."""
 
     # ---- module calls ---------------------------------------------------------------------
     def on_enter(self, module, args) -> None:
@@ -203,7 +242,18 @@ class Tracer:
         self.direct_ops[call] = j + 1
         aten = str(func.overloadpacket.__name__) if hasattr(func, "overloadpacket") else str(func)
         index = len(self.ops)
+        op_name = f"{call}/{aten}#{j}"
         outputs, touched = [], []
+        for k, t in enumerate(written_tensors(func, args, kwargs)):
+            # A write makes a new version of an activation storage (parameters and buffers stay out).
+            if t.untyped_storage().nbytes() == 0 or self.ids.key(t) in self.ids.frozen:
+                continue
+            if self.ids.lookup(t) is None:
+                continue
+            name = version_name(op_name, k)
+            self.ids.rename(self.ids.key(t), name, t)
+            outputs.append(name)
+            touched.append(name)
         for i, t in enumerate(out_tensors):
             if t.untyped_storage().nbytes() == 0:
                 continue
@@ -212,7 +262,7 @@ class Tracer:
                 continue
             name = self.ids.names.get(key)
             if name is None:
-                name = f"{call}/{aten}#{j}:{i}"
+                name = output_name(op_name, i)
                 self.ids._add(key, name, t)
                 outputs.append(name)
             if name not in touched:
@@ -224,7 +274,7 @@ class Tracer:
         is_view = bool(getattr(func, "is_view", False))
         moved = 0 if is_view else sum(t.nbytes for t in in_tensors) + sum(t.nbytes for t in out_tensors)
         self.ops.append(OpRecord(
-            index=index, name=f"{call}/{aten}#{j}", func=func, aten=aten, call=call, inputs=inputs, outputs=outputs, touched=touched,
+            index=index, name=op_name, func=func, aten=aten, call=call, inputs=inputs, outputs=outputs, touched=touched,
             flops=flops, bytes_accessed=float(moved), is_view=is_view, out_refs=out_tensors,
         ))
         self.fwd_times.append(elapsed)
@@ -239,10 +289,32 @@ class Tracer:
         self.saves.append(SaveRecord(storage=name, nbytes=t.untyped_storage().nbytes(), call=self.current_call(),
                                      gap=len(self.ops), prev_can_save_output=can))
         self.events.append(("save", len(self.saves) - 1))
+        return (len(self.saves) - 1, t)
+
+    def on_unpack(self, packed):
+        index, t = packed
+        save = self.saves[index]
+        running = getattr(self.running, "op", -1)
+        if save.observed_reader < 0 and running >= 0:
+            save.observed_reader = running
         return t
 
     def trace(self) -> Trace:
         _attribute_saves(self.ops, self.saves)
+        for s in self.saves:
+            # The backward says who really reads a save; the forward-order guess can credit an
+            # input save of op X+1 to op X when X's output shares the storage (a view-like op).
+            if s.observed_reader >= 0 and s.observed_reader != s.reader:
+                s.reader = s.observed_reader
+                s.is_output = s.reader < s.gap
+        for op in self.ops:
+            op.input_saves = op.output_saves = 0
+        for s in self.saves:
+            if s.reader >= 0:
+                if s.is_output:
+                    self.ops[s.reader].output_saves += 1
+                else:
+                    self.ops[s.reader].input_saves += 1
         return Trace(ops=self.ops, saves=self.saves, events=self.events, calls=self.calls,
                      call_args=self.call_args, storage_nbytes=self.ids.nbytes, step_inputs=self.ids.step_inputs)
 
@@ -317,7 +389,7 @@ def run_traced(model, batch, loss_fn, *, timer) -> tuple[Trace, list[float], tor
     pre = torch.nn.modules.module.register_module_forward_pre_hook(tracer.on_enter)
     post = torch.nn.modules.module.register_module_forward_hook(tracer.on_exit)
     try:
-        with torch.autograd.graph.saved_tensors_hooks(tracer.on_pack, lambda t: t):
+        with torch.autograd.graph.saved_tensors_hooks(tracer.on_pack, tracer.on_unpack):
             with _Recorder(tracer):
                 loss = loss_fn(model, batch)
     finally:
@@ -341,11 +413,13 @@ def run_traced(model, batch, loss_fn, *, timer) -> tuple[Trace, list[float], tor
         marks: list = []
         bwd_marks[op.index] = marks
 
-        def pre_hook(grad_outputs, marks=marks):
+        def pre_hook(grad_outputs, marks=marks, index=op.index):
+            tracer.running.op = index
             marks.append(timer.start())
 
         def post_hook(grad_inputs, grad_outputs, marks=marks):
             marks.append(timer.stop(marks.pop()))
+            tracer.running.op = -1
 
         handles.append(node.register_prehook(pre_hook))
         handles.append(node.register_hook(post_hook))

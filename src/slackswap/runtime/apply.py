@@ -2,36 +2,14 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 import torch
-from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from ..errors import PlanMismatchError
 from ..plans import Plan, check_plan
 from ..workload import Workload
-from .mapping import ExecutionMap, Region, build_execution_map
+from .mapping import ExecutionMap, build_execution_map
+from .replay import ForwardRecorder, RecordingMode
 from .swap import RuntimeStats, SwapManager
-
-
-class _RegionPolicy:
-    """SAC policy of one region call: MUST_SAVE or PREFER_RECOMPUTE per aten op, by position."""
-
-    def __init__(self, region: Region) -> None:
-        self.region = region
-        self.i = 0
-
-    def __call__(self, ctx, func, *args, **kwargs) -> CheckpointPolicy:
-        r = self.region
-        aten = getattr(func, "overloadpacket", func).__name__
-        if self.i >= len(r.save_policy) or aten != r.aten[self.i]:
-            raise PlanMismatchError(
-                f"module call {r.call!r} ran {aten} as its op #{self.i}, the profile has "
-                f"{r.aten[self.i] if self.i < len(r.aten) else 'no more ops'}: the model changed; profile again"
-            )
-        save = r.save_policy[self.i]
-        self.i += 1
-        return CheckpointPolicy.MUST_SAVE if save else CheckpointPolicy.PREFER_RECOMPUTE
 
 
 class PlanRuntime:
@@ -65,7 +43,9 @@ class PlanRuntime:
         params = list(model.parameters()) + list(model.buffers())
         device = params[0].device if params else torch.device("cpu")
         self.manager = SwapManager(workload, plan, self.execution, device)
-        self.manager.param_keys = {(p.device.type, p.device.index, p.untyped_storage().data_ptr()) for p in params}
+        keys = {(p.device.type, p.device.index, p.untyped_storage().data_ptr()) for p in params}
+        self.manager.param_keys = keys
+        self.recorder = ForwardRecorder(workload, self.execution, self.manager, keys)
         self._active = False
 
     @property
@@ -77,52 +57,30 @@ class PlanRuntime:
         if self._active:
             raise RuntimeError("this PlanRuntime is already active")
         self._active = True
-        by_path: dict[str, dict[int, Region]] = defaultdict(dict)
-        for region in self.execution.regions:
-            path, _, k = region.call.partition("@")
-            by_path["" if path == "model" else path][int(k or 0)] = region
-        self._calls: dict[str, int] = defaultdict(int)
-        self._wrapped = []
-        for path, regions in by_path.items():
-            module = self.model.get_submodule(path) if path else self.model
-            self._wrapped.append((module, "forward" in module.__dict__, module.__dict__.get("forward")))
-            module.forward = self._wrap(module.forward, path, regions)
         self._pre = self.model.register_forward_pre_hook(self._begin_step)
+        self._post = self.model.register_forward_hook(self._end_model_forward)
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self.manager.pack, self.manager.unpack)
         self._hooks.__enter__()
+        self._mode = RecordingMode(self.recorder)
+        self._mode.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
+        self._mode.__exit__(*exc)
         self._hooks.__exit__(*exc)
+        self._post.remove()
         self._pre.remove()
-        for module, had, previous in self._wrapped:
-            if had:
-                module.forward = previous
-            else:
-                del module.forward
         self._active = False
 
     def _begin_step(self, module, args) -> None:
         if torch.is_grad_enabled():
-            self._calls.clear()
             self.manager.begin_step()
+            self.recorder.begin_step()
 
-    def _wrap(self, forward, path: str, regions: dict[int, Region]):
-        manager = self.manager
-        calls = self._calls
-
-        def run(*args, **kwargs):
-            k = calls[path]
-            calls[path] += 1
-            region = regions.get(k)
-            if region is None or not torch.is_grad_enabled():
-                return forward(*args, **kwargs)
-            manager.region_forward(region.call)
-            policy = _RegionPolicy(region)
-            return checkpoint(forward, *args, use_reentrant=False, preserve_rng_state=True,
-                              context_fn=lambda: create_selective_checkpoint_contexts(policy), **kwargs)
-
-        return run
+    def _end_model_forward(self, module, args, output) -> None:
+        # The model's last op has its autograd node by now: hook it (ops after the model, in
+        # loss_fn, are hooked when the next op starts).
+        self.recorder.resolve_pending()
 
 
 def apply_plan(model: torch.nn.Module, plan: Plan, workload: Workload | None = None) -> PlanRuntime:

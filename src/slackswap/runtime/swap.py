@@ -1,35 +1,43 @@
-"""The swap manager: saved_tensors_hooks that keep or swap every tensor saved outside a
-checkpoint region, on the plan's schedule.
+"""The swap manager: saved_tensors_hooks that keep, swap or recompute every saved tensor as the
+plan says, on the plan's schedule.
 
-* Identity: tensors reach the pack hook in the order the ExecutionMap predicts from the
-  profile; each pack is matched to the next expected entry and its storage size is checked,
-  so a model or batch that changed is a PlanMismatchError, not a wrong gradient.
-* A storage is copied once however many views of it are saved.
-* Swapped storages go to slots of one host buffer (pinned on CUDA), allocated on the first
-  step, sized from the profile and reused every step.
-* On CUDA: copies out run on a device-to-host stream after an event on the compute stream
-  (the tensor is ready); the device tensor is held until the copy's event completes. Copies
-  back run on a host-to-device stream, after the slot's copy out; compute waits on the copy
-  back's event before reading; the next step's copy out into a slot waits for the previous
-  copy back from it. On CPU the same code runs with plain host-to-host copies.
-* Prefetch: each backward read of a tensor the manager holds marks a backward step (step k
-  is the backward of op n-1-k); on every new step the manager issues the copies back of all
-  swapped tensors whose ``prefetch_step`` has come, in the simulator's order. A tensor read
-  before its copy back was issued is fetched at once and counted in ``late_prefetches``.
+* Identity: tensors reach the pack hook in the order the profile recorded; each pack is matched
+  to the next expected entry and its storage size is checked, so a model or batch that changed
+  is a PlanMismatchError, not a wrong gradient. A storage is handled once however many views
+  of it are saved.
+* keep: the manager holds the tensor until autograd releases its last saved reference.
+* swap: copied to a slot of one host buffer (pinned on CUDA), allocated on the first step,
+  sized from the profile and reused every step. On CUDA, copies out run on a device-to-host
+  stream after an event on the compute stream and the device tensor is held until the copy's
+  event completes; copies back run on a host-to-device stream after the slot's copy out, and
+  compute waits on the copy back's event before reading. The next step's copy out into a slot
+  waits for the previous copy back from it. On CPU the same code runs with host-to-host copies.
+* recompute: nothing is held. At the start of the backward step that the plan gives a
+  recompute group, the group's ops are re-run from the forward recipes (replay.py), with no
+  graph and with each random op's RNG state; the rebuilt tensors the plan keeps stay until
+  their last reader is done, the rest are dropped when the group ends (docs/simulator.md).
+* The clock: backward step k starts at the pre-hook of op n-1-k's autograd node (or, for nodes
+  the recorder could not hook, at the first unpack of that step). At each step the manager runs
+  the step's recompute group, then issues, in the simulator's order, the copies back whose
+  ``prefetch_step`` has come, as long as they fit the plan's budget by the manager's count (a
+  copy that does not fit waits for a later step, as the simulator's copy waits for memory).
+  A tensor read before its copy back was issued is fetched at once: ``late_prefetches``.
 """
 
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ..errors import PlanMismatchError
 from ..plans import Action, Plan
 from ..schedule import first_use_step
 from ..workload import Workload
 from .mapping import ExecutionMap
+from .replay import TensorRef, output_sources, rng_state, set_rng_state
 
 _ALIGN = 64  # slot alignment in the host buffer (bytes)
 
@@ -41,8 +49,10 @@ class RuntimeStats:
     h2d_bytes: int = 0
     step_d2h_bytes: int = 0
     step_h2d_bytes: int = 0
+    recompute_ops: int = 0
+    step_recompute_ops: int = 0
     device_saved_bytes: int = 0
-    """Saved bytes the manager holds on the device now (kept, swapping out, fetched back, SAC-cached)."""
+    """Saved bytes the manager holds on the device now (kept, swapping out, fetched back, rebuilt)."""
     peak_device_saved_bytes: int = 0
     step_peak_device_saved_bytes: int = 0
     late_prefetches: int = 0
@@ -57,7 +67,7 @@ class _State:
     action: Action
     size: int
     handles: int = 0
-    device: torch.Tensor | None = None  # KEEP: the saved tensor; SWAP: source bytes during copy out
+    storage: object = None  # KEEP: the saved storage; SWAP: device bytes during copy out
     d2h_event: object = None
     restored: torch.Tensor | None = None  # SWAP: device bytes after copy back
     h2d_event: object = None
@@ -65,7 +75,7 @@ class _State:
 
 
 class _Handle:
-    __slots__ = ("state", "tensor", "offset", "shape", "stride", "dtype", "clock_op", "region", "__weakref__")
+    __slots__ = ("state", "tensor", "offset", "shape", "stride", "dtype", "reader", "__weakref__")
 
 
 class SwapManager:
@@ -77,8 +87,14 @@ class SwapManager:
         self.cuda = device.type == "cuda"
         self.n = len(workload.ops)
         self.size = {t.name: t.size_bytes for t in workload.tensors}
+        self.saved = {t.name for t in workload.saved_tensors}
+        self.last_reader = workload.last_bwd_reader
         self.expected = emap.pack_sequence
+        self.budget = plan.budget_bytes
         self.stats = RuntimeStats()
+        self.groups = {workload.op_index[reader]: tuple(workload.op_index[g] for g in group)
+                       for reader, group in plan.recompute_groups.items()}
+        self.sources = {i: output_sources(workload.ops[i].outputs) for i in emap.group_ops}
         swapped: list[str] = []
         for e in self.expected:
             if e.action is Action.SWAP and e.name not in swapped:
@@ -94,11 +110,12 @@ class SwapManager:
         production = {t.name: i for i, t in enumerate(workload.saved_tensors)}
         self.h2d_order = sorted(swapped, key=lambda s: (plan.prefetch_step.get(s, 0), first_use_step(workload, s),
                                                         production.get(s, 0)))
-        self.rebuilt_release: list[tuple[int, str]] = []
         if self.cuda:
             self.d2h_stream = torch.cuda.Stream(device)
             self.h2d_stream = torch.cuda.Stream(device)
         self.param_keys: set[tuple] = set()
+        self.busy = False  # the manager's own ops are not forward ops of the model
+        self.recipes: dict[int, object] = {}
         self._begin()
 
     # ---- step boundaries ------------------------------------------------------------------
@@ -109,9 +126,8 @@ class SwapManager:
         self.h2d_next = 0
         self.clock = -1
         self.pending_d2h: list[_State] = []
-        self.region_bytes: dict[str, int] = {}
-        self.region_handles: dict[str, int] = {}
-        self.rebuilt_release = []
+        self.rebuilt: dict[str, object] = {}
+        self.recipes = {}
 
     def begin_step(self) -> None:
         """Called when the model's forward starts: a new step."""
@@ -120,10 +136,12 @@ class SwapManager:
         self.stats.steps += 1
         self.stats.step_d2h_bytes = 0
         self.stats.step_h2d_bytes = 0
-        # Tensors of an earlier step still counted (a region without tensor arguments, or a
-        # backward that never ran) are gone once their graph is: stop counting them.
-        self.stats.device_saved_bytes -= sum(self.size[n] for _, n in self.rebuilt_release)
-        self.stats.device_saved_bytes -= sum(self.region_bytes.values())
+        self.stats.step_recompute_ops = 0
+        # What an earlier step still counts (a backward that never ran) is gone with its graph.
+        for name in list(self.rebuilt):
+            self._drop_rebuilt(name)
+        for state in self.states.values():
+            self._uncount(state)
         self.stats.step_peak_device_saved_bytes = self.stats.device_saved_bytes
         self._begin()
 
@@ -142,35 +160,13 @@ class SwapManager:
         self.stats.device_saved_bytes -= state.counted
         state.counted = 0
 
-    def region_forward(self, call: str) -> None:
-        """SAC caches the region's MUST_SAVE outputs on the device during its forward."""
-        region = self.emap.region_of(call)
-        cached = sum(self.size[n] for n in region.cached)
-        self.region_bytes[call] = self.region_bytes.get(call, 0) + cached
-        self._add(cached)
+    def _present(self, name: str) -> bool:
+        state = self.states.get(name)
+        return name in self.rebuilt or (state is not None and state.counted > 0)
 
-    def _region_recompute(self, call: str) -> None:
-        """The region recomputes (its arguments are being read): its cached tensors and the
-        rebuilt ones are on the device until the backward step of their last reader."""
-        region = self.emap.region_of(call)
-        self.stats.device_saved_bytes -= self.region_bytes.pop(call, 0)
-        for name in region.cached + region.rebuilt:
-            if name not in self.workload.last_bwd_reader:
-                continue  # an unsaved tensor SAC cached is used by the recompute and dropped
-            self._add(self.size[name])
-            self.rebuilt_release.append((self.n - 1 - self.workload.last_bwd_reader[name], name))
-
-    def _region_done(self, call: str) -> None:
-        """Checkpoint dropped the region's arguments: its frame, and every tensor it rebuilt, is gone."""
-        region = self.emap.region_of(call)
-        mine = set(region.cached + region.rebuilt)
-        keep = []
-        for last_step, name in self.rebuilt_release:
-            if name in mine:
-                self.stats.device_saved_bytes -= self.size[name]
-            else:
-                keep.append((last_step, name))
-        self.rebuilt_release = keep
+    def _drop_rebuilt(self, name: str) -> None:
+        if self.rebuilt.pop(name, None) is not None:
+            self.stats.device_saved_bytes -= self.size[name]
 
     # ---- hooks ---------------------------------------------------------------------------
     def pack(self, t: torch.Tensor):
@@ -190,59 +186,156 @@ class SwapManager:
                 f"saved tensor #{self.pos - 1} ({entry.name!r}) has {storage.nbytes()} bytes, the profile "
                 f"has {self.size[entry.name]}: the model or batch shape changed since profiling; profile again"
             )
-        state = self.states.get(entry.name)
-        if state is None:
-            state = _State(entry.name, entry.action, self.size[entry.name])
-            self.states[entry.name] = state
-            if entry.action is Action.SWAP:
-                self._copy_out(state, t)
-            else:
-                self._count(state, state.size)
-        h = _Handle()
-        h.state, h.clock_op, h.region = state, entry.clock_op, entry.region
-        h.offset, h.shape, h.stride, h.dtype = t.storage_offset(), tuple(t.shape), t.stride(), t.dtype
-        h.tensor = t.detach() if entry.action is Action.KEEP else None
-        state.handles += 1
-        if entry.region is not None:
-            self.region_handles[entry.region] = self.region_handles.get(entry.region, 0) + 1
-        weakref.finalize(h, SwapManager._release, weakref.ref(self), state, entry.region)
-        if self.cuda:
-            self._poll(wait=False)
+        self.busy = True
+        try:
+            state = self.states.get(entry.name)
+            if state is None:
+                state = _State(entry.name, entry.action, self.size[entry.name])
+                self.states[entry.name] = state
+                if entry.action is Action.SWAP:
+                    self._copy_out(state, t)
+                elif entry.action is Action.KEEP:
+                    state.storage = storage
+                    self._count(state, state.size)
+            h = _Handle()
+            h.state, h.reader = state, entry.reader
+            h.offset, h.shape, h.stride, h.dtype = t.storage_offset(), tuple(t.shape), t.stride(), t.dtype
+            h.tensor = t.detach() if entry.action is Action.KEEP else None
+            state.handles += 1
+            weakref.finalize(h, SwapManager._release, weakref.ref(self), state)
+            if self.cuda:
+                self._poll(wait=False)
+        finally:
+            self.busy = False
         return h
 
     def unpack(self, h):
         if isinstance(h, torch.Tensor):
             return h
-        self._tick(h.clock_op)
-        if h.region is not None and h.region in self.region_bytes:
-            self._region_recompute(h.region)
-        state = h.state
-        if state.action is Action.KEEP:
-            return h.tensor
-        if state.name not in self.issued:
-            self.stats.late_prefetches += 1
-            self._copy_in(state)
-        if self.cuda:
-            torch.cuda.current_stream(self.device).wait_event(state.h2d_event)
-        with torch.no_grad():
-            out = torch.empty(0, dtype=h.dtype, device=self.device)
-            out.set_(state.restored.untyped_storage(), h.offset, h.shape, h.stride)
-        return out
+        self.busy = True
+        try:
+            self.begin_backward_step(self.n - 1 - h.reader)
+            state = h.state
+            if state.action is Action.KEEP:
+                return h.tensor
+            storage = self._storage(state.name, {}, reading=True)
+            with torch.no_grad():
+                return torch.empty(0, dtype=h.dtype, device=self.device).set_(storage, h.offset, h.shape, h.stride)
+        finally:
+            self.busy = False
 
     @staticmethod
-    def _release(manager_ref, state: _State, region: str | None) -> None:
+    def _release(manager_ref, state: _State) -> None:
         manager = manager_ref()
-        if manager is None:
+        if manager is None or manager.states.get(state.name) is not state:
             return
-        if region is not None and manager.states.get(state.name) is state:
-            manager.region_handles[region] -= 1
-            if manager.region_handles[region] == 0:
-                manager._region_done(region)
         state.handles -= 1
         if state.handles == 0:
             manager._uncount(state)
-            state.device = None
+            state.storage = None
             state.restored = None
+            manager._drop_rebuilt(state.name)
+
+    # ---- the backward clock ------------------------------------------------------------------
+    def begin_backward_step(self, step: int) -> None:
+        """Backward step ``step`` starts (or has started): catch up every step up to it."""
+        if step <= self.clock:
+            return
+        was_busy, self.busy = self.busy, True
+        try:
+            while self.clock < step:
+                self.clock += 1
+                k = self.clock
+                for name in [n for n in self.rebuilt if self.n - 1 - self.last_reader[n] < k]:
+                    self._drop_rebuilt(name)  # its last reader is done (the handle may outlive it)
+                reader = self.n - 1 - k
+                if reader in self.groups:
+                    self.run_group(reader)
+                self._prefetch(k)
+        finally:
+            self.busy = was_busy
+
+    def _prefetch(self, step: int) -> None:
+        while self.h2d_next < len(self.h2d_order):
+            name = self.h2d_order[self.h2d_next]
+            if self.plan.prefetch_step[name] > step:
+                return
+            state = self.states.get(name)
+            if state is not None and name not in self.issued:
+                if self.budget is not None and self.stats.device_saved_bytes + state.size > self.budget:
+                    return  # waits for memory, like the simulator's in-order copy stream
+                self._copy_in(state)
+            self.h2d_next += 1
+
+    # ---- recompute ------------------------------------------------------------------------
+    def _storage(self, name: str, temps: dict, *, reading: bool = False):
+        """The device storage of tensor ``name`` now: made by the running group, rebuilt earlier,
+        kept, or swapped (fetched now if its copy back was not issued yet)."""
+        if name in temps:
+            return temps[name]
+        if name in self.rebuilt:
+            return self.rebuilt[name]
+        state = self.states.get(name)
+        if state is not None and state.action is Action.KEEP and state.storage is not None:
+            return state.storage
+        if state is not None and state.action is Action.SWAP:
+            if name not in self.issued:
+                if reading:
+                    self.stats.late_prefetches += 1
+                self._copy_in(state)
+            if self.cuda:
+                torch.cuda.current_stream(self.device).wait_event(state.h2d_event)
+            return state.restored.untyped_storage()
+        raise RuntimeError(
+            f"slackswap runtime: tensor {name!r} is needed at backward step {self.clock} but is not on the "
+            "device; the plan's recompute groups and the runtime disagree (please report this)"
+        )
+
+    def run_group(self, reader: int) -> None:
+        """Re-run the recompute group before op ``reader``'s backward (docs/simulator.md, Recompute)."""
+        temps: dict[str, object] = {}
+        owned: list[str] = []
+        ops = self.workload.ops
+        for i in self.groups[reader]:
+            recipe = self.recipes.get(i)
+            if recipe is None:
+                raise RuntimeError(f"slackswap runtime: no forward record of {ops[i].name!r} to recompute it")
+            flat = []
+            for pos, item in enumerate(recipe.flat):
+                if isinstance(item, TensorRef):
+                    storage = self._storage(item.name, temps)
+                    if pos in recipe.written and item.name not in temps:
+                        storage = storage.clone()  # never write into a tensor something else still holds
+                    with torch.no_grad():
+                        item = torch.empty(0, dtype=item.dtype, device=self.device).set_(
+                            storage, item.offset, item.shape, item.stride)
+                flat.append(item)
+            args, kwargs = tree_unflatten(flat, recipe.spec)
+            with torch.no_grad():
+                if recipe.rng is None:
+                    out = recipe.func(*args, **kwargs)
+                else:
+                    device, state = recipe.rng
+                    current = rng_state(device)
+                    set_rng_state(device, state)
+                    try:
+                        out = recipe.func(*args, **kwargs)
+                    finally:
+                        set_rng_state(device, current)
+            out_tensors = [x for x in tree_flatten(out)[0] if isinstance(x, torch.Tensor)]
+            for name, kind, k in self.sources[i]:
+                t = flat[recipe.written[k]] if kind == "written" else out_tensors[k]
+                temps[name] = t.untyped_storage()
+                if name in self.saved and not self._present(name):
+                    self._add(self.size[name])
+                    owned.append(name)
+            self.stats.recompute_ops += 1
+            self.stats.step_recompute_ops += 1
+        for name in owned:
+            if self.plan.actions[name] is Action.RECOMPUTE and self.last_reader[name] <= reader:
+                self.rebuilt[name] = temps[name]
+            else:
+                self.stats.device_saved_bytes -= self.size[name]
 
     # ---- copies ------------------------------------------------------------------------
     def _pool(self) -> torch.Tensor:
@@ -272,7 +365,7 @@ class SwapManager:
                 dst.copy_(src, non_blocking=True)
                 state.d2h_event = torch.cuda.Event()
                 state.d2h_event.record(self.d2h_stream)
-            state.device = src  # held until the copy out completes
+            state.storage = src  # held until the copy out completes
             self.pending_d2h.append(state)
         else:
             dst.copy_(src)
@@ -286,7 +379,7 @@ class SwapManager:
             if wait:
                 state.d2h_event.synchronize()
             if state.d2h_event.query():
-                state.device = None
+                state.storage = None
                 if state.restored is None:
                     self._uncount(state)
             else:
@@ -297,7 +390,7 @@ class SwapManager:
         self.issued.add(state.name)
         src = self._slot(state.name)
         if self.cuda:
-            if state.device is not None:
+            if state.storage is not None:
                 self._poll(wait=False)
             dst = torch.empty(state.size, dtype=torch.uint8, device=self.device)
             allocated = torch.cuda.Event()
@@ -317,25 +410,3 @@ class SwapManager:
         self._count(state, state.size)
         self.stats.h2d_bytes += state.size
         self.stats.step_h2d_bytes += state.size
-
-    def _tick(self, op_index: int) -> None:
-        step = self.n - 1 - op_index
-        if step <= self.clock:
-            return
-        self.clock = step
-        if self.rebuilt_release:
-            keep = []
-            for last_step, name in self.rebuilt_release:
-                if last_step < step:
-                    self.stats.device_saved_bytes -= self.size[name]
-                else:
-                    keep.append((last_step, name))
-            self.rebuilt_release = keep
-        while self.h2d_next < len(self.h2d_order):
-            name = self.h2d_order[self.h2d_next]
-            if self.plan.prefetch_step.get(name, 0) > step:
-                break
-            self.h2d_next += 1
-            state = self.states.get(name)
-            if state is not None and name not in self.issued:
-                self._copy_in(state)
