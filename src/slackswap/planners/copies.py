@@ -8,6 +8,7 @@ latency plus its bytes over the link bandwidth.
 
 from __future__ import annotations
 
+import bisect
 from typing import Iterable
 
 from ..hardware import Hardware
@@ -91,3 +92,58 @@ def round_trip_fits(facts: Facts, hardware: Hardware, swapped: Iterable[str],
         if now > facts.first_use_s[name]:
             return False
     return True
+
+
+class WindowBooking:
+    """The swaps accepted so far, kept sorted for the two streams, so that trying one more
+    tensor costs one pass over them instead of two sorts (the accepted-swap list of
+    `slackswap` tries every candidate). ``fits(name)`` answers exactly what
+    ``round_trip_fits(facts, hardware, booked + [name], out_deadline_s=...)`` answers."""
+
+    def __init__(self, facts: Facts, hardware: Hardware, names: Iterable[str] = ()) -> None:
+        self.facts = facts
+        self.hardware = hardware
+        self.by_made: list[tuple[int, str]] = []
+        self.by_use: list[tuple[float, str]] = []
+        for name in names:
+            self.add(name)
+
+    def _keys(self, name: str) -> tuple[tuple[int, str], tuple[float, str]]:
+        return (self.facts.production_order[name], name), (self.facts.first_use_s[name], name)
+
+    def add(self, name: str) -> None:
+        made, use = self._keys(name)
+        bisect.insort(self.by_made, made)
+        bisect.insort(self.by_use, use)
+
+    def fits(self, name: str, *, out_deadline_s: float | None) -> bool:
+        facts, hw = self.facts, self.hardware
+        made_key, use_key = self._keys(name)
+        ends: dict[str, float] = {}
+        free_at = 0.0
+        latency = hw.copy_latency_s
+        d2h = hw.d2h_bytes_per_s
+        made_at, size = facts.produced_at_s, facts.size
+        pos = bisect.bisect_left(self.by_made, made_key)
+        for _, other in self.by_made[:pos] + [made_key] + self.by_made[pos:]:
+            free_at = ends[other] = max(free_at, made_at[other]) + latency + size[other] / d2h
+        if out_deadline_s is not None and free_at > out_deadline_s:
+            return False
+        forward_s = facts.forward_time_s
+        tail_s = max(0.0, free_at - forward_s)
+        full = hw.h2d_bytes_per_s
+        slow = full * hw.duplex_h2d_factor
+        first_use = facts.first_use_s
+        now = 0.0
+        pos = bisect.bisect_left(self.by_use, use_key)
+        for _, other in self.by_use[:pos] + [use_key] + self.by_use[pos:]:
+            now = max(now, ends[other] - forward_s) + latency
+            left = float(size[other])
+            if now < tail_s:
+                slow_part = min(left, (tail_s - now) * slow)
+                now += slow_part / slow
+                left -= slow_part
+            now += left / full
+            if now > first_use[other]:
+                return False
+        return True

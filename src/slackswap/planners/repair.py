@@ -100,6 +100,15 @@ def _propose(workload: Workload, hardware: Hardware, current: Candidate, budget_
         if round_trip_fits(facts, hardware, swapped + [name], out_deadline_s=facts.forward_time_s):
             add(_item(workload, actions, name), Action.SWAP, "recompute -> swap (link has room)")
             count += 1
+    # The same, letting the copy out run into backward (the copy back must still land in time):
+    # the tensor then leaves after the peak, which backward's frees may absorb.
+    count = 0
+    for name in sorted(recomputed, key=lambda n: (-facts.rebuild_time_s[n], order[n])):
+        if count >= PROPOSALS_PER_KIND:
+            break
+        if round_trip_fits(facts, hardware, swapped + [name], out_deadline_s=None):
+            add(_item(workload, actions, name), Action.SWAP, "recompute -> swap (copy out spills into backward)")
+            count += 1
     # Keeps: the costliest rebuilds, and the tensors backward needs soonest (kept or not,
     # they are on the device at the start of backward, so keeping them may not raise the peak).
     by_cost = sorted(recomputed, key=lambda n: (-facts.rebuild_time_s[n], order[n]))

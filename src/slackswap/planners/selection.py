@@ -16,7 +16,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 from ..hardware import Hardware
 from ..plans import Action, Plan
 from ..workload import Workload
-from .common import Candidate, Facts, evaluate, facts_for, natural_peak_bytes
+from .common import Candidate, Facts, evaluate, facts_for
 
 _BUCKETS = 4000  # knapsack resolution: need is split into this many byte units
 
@@ -146,12 +146,14 @@ def fit_need(
             clears = False
             peak = budget_bytes + total
         else:
-            peak = natural_peak_bytes(workload, hardware, plan)
+            free = evaluate(workload, hardware, plan, math.inf)
+            peak = free.timeline.peak_memory_bytes
             clears = peak <= budget_bytes
-            if clears or allow_memory_stalls:
-                cand = evaluate(workload, hardware, plan, budget_bytes)
-                if cand.fits and (best is None or cand.step_time_s < best.step_time_s):
-                    best = cand
+            # A plan whose unlimited peak is within the budget never waits for memory, so its
+            # unlimited run is also its run under the budget: no second simulation needed.
+            cand = free if clears else evaluate(workload, hardware, plan, budget_bytes) if allow_memory_stalls else None
+            if cand is not None and cand.fits and (best is None or cand.step_time_s < best.step_time_s):
+                best = cand
         seen[need] = clears
         if clears:
             high = need if high is None else min(high, need)

@@ -26,50 +26,79 @@ from ..hardware import Hardware
 from ..plans import Plan
 from ..workload import Workload
 from .common import build, evaluate, facts_for, natural_peak_bytes, policy_cannot_fit, with_info
-from .copies import round_trip_fits
+from .copies import WindowBooking
 from .repair import repair
 from .selection import actions_for, fit_need, keep_all_peak_bytes, knapsack_min_time
 
 POLICY = "slackswap"
 
 
-def windowed_swaps(facts, hardware: Hardware, ranked: list[str]) -> list[str]:
-    """Rules 1-3: the costliest-to-rebuild tensors whose copies fit their windows, in the order
-    they were accepted. A plan that needs fewer bytes off takes a prefix of this list (the
-    greedy would have stopped there), so it is computed once per plan."""
+def windowed_swaps(facts, hardware: Hardware, ranked: list[str], *, spill: bool = False) -> list[str]:
+    """Rules 1-3: tensors in ``ranked`` order whose copies fit their windows, in the order they
+    were accepted. A plan that needs fewer bytes off takes a prefix of this list (the greedy
+    would have stopped there), so it is computed once per plan.
+
+    Copies out must end before the forward pass does (they then free memory before the
+    peak). With ``spill``, a second pass appends the tensors whose copies out may run into
+    backward as long as every copy back still lands before its first use: such a tensor
+    leaves the device after the peak has passed, which backward's own frees may absorb (the
+    simulator decides), so they come after every strict swap."""
+    booking = WindowBooking(facts, hardware)
     swapped: list[str] = []
-    for name in ranked:
-        trial = swapped + [name]
-        if not round_trip_fits(facts, hardware, trial, out_deadline_s=facts.forward_time_s):
-            continue
-        swapped = trial
+    for deadline in (facts.forward_time_s, None) if spill else (facts.forward_time_s,):
+        taken = set(swapped)
+        for name in ranked:
+            if name not in taken and booking.fits(name, out_deadline_s=deadline):
+                booking.add(name)
+                swapped.append(name)
+                taken.add(name)
     return swapped
+
+
+def swap_orders(facts) -> dict[str, list[str]]:
+    """Rule 3's two orders of candidates for the link.
+
+    ``value``: costliest to rebuild per byte first (the paper's ranking: each byte the link
+    carries saves the most recompute). ``early``: in production order, since a tensor made
+    early has the longest window and FIFO copies out from the first op keep the link busy
+    from the start, so the link carries the most bytes in total; it wins when the bytes to
+    take off barely exceed what the link can carry and a little recompute covers the rest."""
+    order = facts.production_order
+    value = sorted(facts.candidates, key=lambda n: (-facts.rebuild_time_s[n] / facts.size[n], order[n]))
+    return {"value": value, "early": list(facts.candidates)}
 
 
 def plan_slackswap(workload: Workload, hardware: Hardware, budget_bytes: int) -> Plan:
     facts = facts_for(workload)
-    order = {n: i for i, n in enumerate(facts.candidates)}
-    ranked = sorted(facts.candidates, key=lambda n: (-facts.rebuild_time_s[n] / facts.size[n], order[n]))
 
-    accepted = windowed_swaps(facts, hardware, ranked)
+    def family(accepted: list[str]):
+        def make(need: int) -> Plan:
+            swapped: list[str] = []
+            off = 0
+            for name in accepted:
+                if off >= need:
+                    break
+                swapped.append(name)
+                off += facts.size[name]
+            taken = set(swapped)
+            rest = [n for n in facts.candidates if n not in taken]
+            recompute = knapsack_min_time(facts, rest, need - off)
+            if recompute is None:  # not enough bytes left: recompute all of them
+                recompute = rest
+            return build(workload, hardware, actions_for(swapped, recompute), POLICY, budget_bytes)
+        return make
 
-    def make(need: int) -> Plan:
-        swapped: list[str] = []
-        off = 0
-        for name in accepted:
-            if off >= need:
-                break
-            swapped.append(name)
-            off += facts.size[name]
-        taken = set(swapped)
-        rest = [n for n in facts.candidates if n not in taken]
-        recompute = knapsack_min_time(facts, rest, need - off)
-        if recompute is None:  # not enough bytes left: recompute all of them
-            recompute = rest
-        return build(workload, hardware, actions_for(swapped, recompute), POLICY, budget_bytes)
-
-    start = fit_need(workload, hardware, budget_bytes, keep_all_peak_bytes(facts) - budget_bytes, make,
-                     allow_memory_stalls=True, rounds=14)
+    orders = swap_orders(facts)
+    families = (("value", orders["value"], False), ("value+spill", orders["value"], True),
+                ("early", orders["early"], False))
+    start = None
+    start_order = ""
+    for label, ranked, spill in families:
+        make = family(windowed_swaps(facts, hardware, ranked, spill=spill))
+        found = fit_need(workload, hardware, budget_bytes, keep_all_peak_bytes(facts) - budget_bytes, make,
+                         allow_memory_stalls=True, rounds=14)
+        if found is not None and (start is None or found.step_time_s < start.step_time_s):
+            start, start_order = found, label
     if start is None:
         # Not even the recompute-everything end of the family fits: start from the lowest-memory
         # plan (everything swapped), which fits every budget down to the minimum, and let the
@@ -87,5 +116,6 @@ def plan_slackswap(workload: Workload, hardware: Hardware, budget_bytes: int) ->
                                     "raise the budget")
     result = repair(workload, hardware, start, budget_bytes)
     return with_info(result.best.plan, rule="windowed swaps + knapsack recompute + simulator repair",
+                     start_order=start_order,
                      repair_moves=result.moves, simulations=result.simulations,
                      predicted_step_time_s=result.best.step_time_s)
