@@ -62,7 +62,40 @@ def plan(
     hw = _hardware(hardware)
     w = _workload(workload, hw)
     peak = simulate_ideal(w, hw).peak_memory_bytes
-    return plan_workload(w, hw, budget_bytes_for(budget, peak), policy)
+    result = plan_workload(w, hw, budget_bytes_for(budget, peak), policy)
+    if w.meta.get("source") == "slackswap.profiler" and result.prefetch_step:
+        result = with_copy_in_start_steps(w, hw, result)
+    return result
+
+
+COPY_IN_START_STEP = "copy_in_start_step"
+"""plan.info key: the backward step at which the simulation starts each copy back."""
+
+
+def with_copy_in_start_steps(workload: Workload, hardware: Hardware, plan: Plan) -> Plan:
+    """``plan`` with, in its info, the backward step at which the simulated copy of each swapped
+    tensor back to the device *starts*. A copy is issued at its ``prefetch_step`` but waits on the
+    in-order copy stream (and for memory), and the simulator counts its bytes from its start; the
+    runtime allocates a copy's destination when it issues it, so it issues each copy at this step
+    to hold what the simulation holds (slackswap.runtime, docs/runtime.md)."""
+    import bisect
+    import dataclasses
+
+    from .sim import simulate as simulate_plan
+
+    timeline = simulate_plan(workload, hardware, plan)
+    n = len(workload.ops)
+    last_end = [0.0] * (n + 1)  # last_end[k + 1]: when the last task of backward step k ends
+    for e in timeline.events:
+        if e.stream == "compute" and e.kind in ("forward", "recompute", "backward"):
+            last_end[e.step + 1] = max(last_end[e.step + 1], e.end_s)
+    # Step k is triggered when the last task before it ends (docs/simulator.md).
+    triggers = [max(last_end[: k + 1]) for k in range(n)]
+    starts = {}
+    for e in timeline.events:
+        if e.kind == "copy_in":
+            starts[e.name] = max(plan.prefetch_step[e.name], bisect.bisect_right(triggers, e.start_s) - 1)
+    return dataclasses.replace(plan, info={**plan.info, COPY_IN_START_STEP: starts})
 
 
 def simulate(

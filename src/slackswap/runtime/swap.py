@@ -56,6 +56,9 @@ class RuntimeStats:
     peak_device_saved_bytes: int = 0
     step_peak_device_saved_bytes: int = 0
     late_prefetches: int = 0
+    """Copies back issued only when the tensor was read (never, when the clock works)."""
+    prefetch_waits: int = 0
+    """Copies back issued after their planned step because the budget had no room at it."""
     host_pool_bytes: int = 0
     host_pool_allocations: int = 0
     packs: int = 0
@@ -110,6 +113,10 @@ class SwapManager:
         production = {t.name: i for i, t in enumerate(workload.saved_tensors)}
         self.h2d_order = sorted(swapped, key=lambda s: (plan.prefetch_step.get(s, 0), first_use_step(workload, s),
                                                         production.get(s, 0)))
+        # Issue each copy back at the step the simulation starts it (slackswap.plan records it for
+        # profiled workloads), else at its prefetch step; in the simulator's order either way.
+        starts = plan.info.get("copy_in_start_step") or {}
+        self.issue_step = {s: max(plan.prefetch_step[s], int(starts.get(s, 0))) for s in swapped}
         if self.cuda:
             self.d2h_stream = torch.cuda.Stream(device)
             self.h2d_stream = torch.cuda.Stream(device)
@@ -128,6 +135,11 @@ class SwapManager:
         self.pending_d2h: list[_State] = []
         self.rebuilt: dict[str, object] = {}
         self.recipes = {}
+        # This step's schedule as run, for checks against the plan: the backward step at which
+        # each copy back was issued, and the steps whose recompute group ran.
+        self.copy_in_steps: dict[str, int] = {}
+        self.group_steps: list[int] = []
+        self.waiting: set[str] = set()
 
     def begin_step(self) -> None:
         """Called when the model's forward starts: a new step."""
@@ -220,7 +232,7 @@ class SwapManager:
                 return h.tensor
             storage = self._storage(state.name, {}, reading=True)
             with torch.no_grad():
-                return torch.empty(0, dtype=h.dtype, device=self.device).set_(storage, h.offset, h.shape, h.stride)
+                return torch.empty(0, dtype=h.dtype, device=storage.device).set_(storage, h.offset, h.shape, h.stride)
         finally:
             self.busy = False
 
@@ -250,6 +262,7 @@ class SwapManager:
                     self._drop_rebuilt(name)  # its last reader is done (the handle may outlive it)
                 reader = self.n - 1 - k
                 if reader in self.groups:
+                    self.group_steps.append(k)
                     self.run_group(reader)
                 self._prefetch(k)
         finally:
@@ -258,11 +271,14 @@ class SwapManager:
     def _prefetch(self, step: int) -> None:
         while self.h2d_next < len(self.h2d_order):
             name = self.h2d_order[self.h2d_next]
-            if self.plan.prefetch_step[name] > step:
+            if self.issue_step[name] > step:
                 return
             state = self.states.get(name)
             if state is not None and name not in self.issued:
                 if self.budget is not None and self.stats.device_saved_bytes + state.size > self.budget:
+                    if name not in self.waiting:
+                        self.waiting.add(name)
+                        self.stats.prefetch_waits += 1
                     return  # waits for memory, like the simulator's in-order copy stream
                 self._copy_in(state)
             self.h2d_next += 1
@@ -307,7 +323,7 @@ class SwapManager:
                     if pos in recipe.written and item.name not in temps:
                         storage = storage.clone()  # never write into a tensor something else still holds
                     with torch.no_grad():
-                        item = torch.empty(0, dtype=item.dtype, device=self.device).set_(
+                        item = torch.empty(0, dtype=item.dtype, device=storage.device).set_(
                             storage, item.offset, item.shape, item.stride)
                 flat.append(item)
             args, kwargs = tree_unflatten(flat, recipe.spec)
@@ -388,6 +404,7 @@ class SwapManager:
 
     def _copy_in(self, state: _State) -> None:
         self.issued.add(state.name)
+        self.copy_in_steps[state.name] = self.clock
         src = self._slot(state.name)
         if self.cuda:
             if state.storage is not None:
