@@ -148,12 +148,23 @@ def build(workload: Workload, hardware: Hardware, actions: Mapping[str, Action],
                      prefetch_step=prefetch_step, info=info)
 
 
-def evaluate(workload: Workload, hardware: Hardware, plan: Plan, budget_bytes: int | None) -> Candidate:
-    """Simulate ``plan`` under ``budget_bytes`` (None: no limit); an infeasible plan has no timeline."""
+def evaluate(workload: Workload, hardware: Hardware, plan: Plan, budget_bytes: int | None,
+             memo: dict | None = None) -> Candidate:
+    """Simulate ``plan`` under ``budget_bytes`` (None: the plan's own; math.inf: no limit); an
+    infeasible plan has no timeline. With ``memo`` (one dict per planning call, so one workload
+    and hardware), a plan already simulated under the same budget is not simulated again."""
+    key = None
+    if memo is not None:
+        key = (budget_bytes, tuple(plan.actions.values()), tuple(sorted(plan.prefetch_step.items())))
+        if key in memo:
+            return Candidate(plan, memo[key].timeline)
     try:
-        return Candidate(plan, simulate(workload, hardware, plan, budget_bytes, check=False))
+        found = Candidate(plan, simulate(workload, hardware, plan, budget_bytes, check=False))
     except InfeasiblePlanError:
-        return Candidate(plan, None)
+        found = Candidate(plan, None)
+    if key is not None:
+        memo[key] = found
+    return found
 
 
 def natural_peak_bytes(workload: Workload, hardware: Hardware, plan: Plan) -> int:

@@ -26,7 +26,7 @@ from ..hardware import Hardware
 from ..plans import Action
 from ..workload import Workload
 from .common import Candidate, build, evaluate, facts_for
-from .copies import round_trip_fits
+from .copies import WindowBooking
 
 PROPOSALS_PER_KIND = 3
 
@@ -92,26 +92,21 @@ def _propose(workload: Workload, hardware: Hardware, current: Candidate, budget_
         kept.sort(key=lambda n: (facts.rebuild_time_s[n] / facts.size[n], order[n]))
         for name in kept[:PROPOSALS_PER_KIND]:
             add(_item(workload, actions, name), Action.RECOMPUTE, "keep -> recompute (room for copies back)")
-    # Recomputes the link has room for, costliest rebuild first.
-    count = 0
-    for name in sorted(recomputed, key=lambda n: (-facts.rebuild_time_s[n], order[n])):
-        if count >= PROPOSALS_PER_KIND:
-            break
-        if round_trip_fits(facts, hardware, swapped + [name], out_deadline_s=facts.forward_time_s):
-            add(_item(workload, actions, name), Action.SWAP, "recompute -> swap (link has room)")
-            count += 1
-    # The same, letting the copy out run into backward (the copy back must still land in time):
-    # the tensor then leaves after the peak, which backward's frees may absorb.
-    count = 0
-    for name in sorted(recomputed, key=lambda n: (-facts.rebuild_time_s[n], order[n])):
-        if count >= PROPOSALS_PER_KIND:
-            break
-        if round_trip_fits(facts, hardware, swapped + [name], out_deadline_s=None):
-            add(_item(workload, actions, name), Action.SWAP, "recompute -> swap (copy out spills into backward)")
-            count += 1
+    # Recomputes the link has room for, costliest rebuild first; then the same letting the copy
+    # out run into backward (the copy back must still land in time): the tensor then leaves
+    # after the peak, which backward's frees may absorb.
+    booking = WindowBooking(facts, hardware, swapped)
+    by_cost = sorted(recomputed, key=lambda n: (-facts.rebuild_time_s[n], order[n]))
+    for deadline, why in ((facts.forward_time_s, "link has room"), (None, "copy out spills into backward")):
+        count = 0
+        for name in by_cost:
+            if count >= PROPOSALS_PER_KIND:
+                break
+            if booking.fits(name, out_deadline_s=deadline):
+                add(_item(workload, actions, name), Action.SWAP, f"recompute -> swap ({why})")
+                count += 1
     # Keeps: the costliest rebuilds, and the tensors backward needs soonest (kept or not,
     # they are on the device at the start of backward, so keeping them may not raise the peak).
-    by_cost = sorted(recomputed, key=lambda n: (-facts.rebuild_time_s[n], order[n]))
     by_use = sorted(recomputed + swapped, key=lambda n: (facts.first_use_s[n], order[n]))
     earliest = sorted(recomputed, key=order.__getitem__)
     for name in by_cost[:PROPOSALS_PER_KIND] + by_use[:PROPOSALS_PER_KIND] + earliest[:PROPOSALS_PER_KIND]:
@@ -120,7 +115,7 @@ def _propose(workload: Workload, hardware: Hardware, current: Candidate, budget_
 
 
 def repair(workload: Workload, hardware: Hardware, start: Candidate, budget_bytes: int,
-           *, max_simulations: int = 64) -> RepairResult:
+           *, max_simulations: int = 64, memo: dict | None = None) -> RepairResult:
     result = RepairResult(best=start)
     while result.simulations < max_simulations:
         current = result.best
@@ -132,7 +127,7 @@ def repair(workload: Workload, hardware: Hardware, start: Candidate, budget_byte
             actions = dict(current.plan.actions)
             actions.update({n: action for n in names})
             plan = build(workload, hardware, actions, current.plan.policy, budget_bytes)
-            cand = evaluate(workload, hardware, plan, budget_bytes)
+            cand = evaluate(workload, hardware, plan, budget_bytes, memo)
             result.simulations += 1
             if cand.fits and cand.step_time_s < current.step_time_s:
                 winner, winner_why = cand, f"{why}: {', '.join(names)}"

@@ -123,6 +123,7 @@ def fit_need(
     *,
     allow_memory_stalls: bool = False,
     rounds: int = 10,
+    memo: dict | None = None,
 ) -> Candidate | None:
     """Size a plan family ``make(need)`` to the budget: the fastest plan found that fits, or None.
 
@@ -146,12 +147,12 @@ def fit_need(
             clears = False
             peak = budget_bytes + total
         else:
-            free = evaluate(workload, hardware, plan, math.inf)
+            free = evaluate(workload, hardware, plan, math.inf, memo)
             peak = free.timeline.peak_memory_bytes
             clears = peak <= budget_bytes
             # A plan whose unlimited peak is within the budget never waits for memory, so its
             # unlimited run is also its run under the budget: no second simulation needed.
-            cand = free if clears else evaluate(workload, hardware, plan, budget_bytes) if allow_memory_stalls else None
+            cand = free if clears else evaluate(workload, hardware, plan, budget_bytes, memo) if allow_memory_stalls else None
             if cand is not None and cand.fits and (best is None or cand.step_time_s < best.step_time_s):
                 best = cand
         seen[need] = clears

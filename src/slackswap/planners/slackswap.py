@@ -91,12 +91,13 @@ def plan_slackswap(workload: Workload, hardware: Hardware, budget_bytes: int) ->
     orders = swap_orders(facts)
     families = (("value", orders["value"], False), ("value+spill", orders["value"], True),
                 ("early", orders["early"], False))
+    memo: dict = {}
     start = None
     start_order = ""
     for label, ranked, spill in families:
         make = family(windowed_swaps(facts, hardware, ranked, spill=spill))
         found = fit_need(workload, hardware, budget_bytes, keep_all_peak_bytes(facts) - budget_bytes, make,
-                         allow_memory_stalls=True, rounds=14)
+                         allow_memory_stalls=True, rounds=14, memo=memo)
         if found is not None and (start is None or found.step_time_s < start.step_time_s):
             start, start_order = found, label
     if start is None:
@@ -114,7 +115,7 @@ def plan_slackswap(workload: Workload, hardware: Hardware, budget_bytes: int) ->
         if not start.fits:
             raise policy_cannot_fit(POLICY, budget_bytes, natural_peak_bytes(workload, hardware, plan),
                                     "raise the budget")
-    result = repair(workload, hardware, start, budget_bytes)
+    result = repair(workload, hardware, start, budget_bytes, memo=memo)
     return with_info(result.best.plan, rule="windowed swaps + knapsack recompute + simulator repair",
                      start_order=start_order,
                      repair_moves=result.moves, simulations=result.simulations,
