@@ -1,56 +1,72 @@
 """`optimal`: an exact MILP over keep / swap / recompute on a linearized cost model.
 
-Solved with scipy's HiGHS (``scipy.optimize.milp``, the ``milp`` extra). Decisions are
-coarsened (coarse_items): all saved outputs of an op share an action (re-running the op
-rebuilds all of them), and the same op in consecutive blocks shares one too, with the
-blocks cut into LAYER_GROUPS groups. Sizes, times and copy costs of a unit are the sums
-over its members; its copies are placed at its last member's production and its first
-member's first use, which is conservative for the copy constraints. The model is:
+Solved with scipy's HiGHS (``scipy.optimize.milp``, the ``milp`` extra), then simulated.
+Decision units (``decision_units``): the saved outputs of one op share an action
+(re-running the op rebuilds all of them); the same op position in consecutive blocks
+shares one when blocks are grouped (``layer_groups``; None: every op decides alone).
+The model, with x_u = s_u + r_u the unit's "off the device" indicator:
 
-- variables: s_i (swap) and r_i (recompute) in {0, 1}, s_i + r_i <= 1 (else keep);
-- memory: step inputs + sum size_i (1 - s_i - r_i) <= budget - margin, the bytes on the
-  device when the forward pass ends (the keep-all peak point), where margin covers what
-  backward adds back and starts at 0;
-- copies out hide: in production order, for every op i,
-  tau_i + sum over j made at or after i of s_j (latency + size_j / D2H) <= forward time;
-- copies back hide: in order of first backward use, for every op i,
-  sum over j used no later than i of s_j (latency + size_j / H2D) <= first use of i;
-- objective: minimize sum r_i x rebuild time_i (the step time above ideal).
+- s_u (swap), r_u (recompute) binary, s_u + r_u <= 1 (else keep);
+- y_o in [0, 1] per forward op o, y_o >= r_u for every op o that rebuilding u re-runs
+  (its producer and every producer of a transient input, common.Facts.rebuild_ops), so
+  two units sharing a producer pay for it once, as a recompute group does;
+- memory at every backward step i (op i's backward, before it frees anything): step
+  inputs + every unit whose last backward reader is at or before i, minus the units
+  that are off (swapped or recomputed) and whose first backward use is after step i
+  (not yet back), <= budget - margin. Step i = n is the end of the forward pass, where
+  every unit that is off has left (the keep-all peak point);
+- copies out hide: FIFO in production order, each copy (latency + bytes / D2H) starts
+  no earlier than its unit is made, and all end before the forward pass does, so they
+  never overlap copies back (no duplex slowdown) and have freed their bytes at the peak:
+  for every unit u, made_u + sum over swapped v made at or after u of out_v <= forward time;
+- copies back land in time: in order of first use from the start of backward at the
+  full H2D rate: for every unit u, sum over swapped v used no later than u of back_v
+  <= time of u's first use (both from the end of the forward pass);
+- objective: minimize sum_o y_o x fwd_time_o, the recompute added to the ideal step.
+
+The running sums are auxiliary continuous variables, so the constraint matrix stays
+sparse (linear in the number of units). HiGHS runs with a time limit and a relative gap;
+its dual bound is a proven lower bound on the objective of this linear model.
 
 The solution is simulated. If its simulated peak is over the budget, the margin grows by
 the overshoot and the MILP is solved again (at most ``ROUNDS`` times); the fastest plan
-that fits is returned. Plan.info records the MILP objective, the predicted step time,
-the solve time and the simulated step time.
+that fits is returned. docs/planners.md explains why the simulated step can differ from
+the MILP's prediction.
 """
 
 from __future__ import annotations
 
+import bisect
 import time
 
 from ..errors import require
 from ..hardware import Hardware
 from ..plans import Action, Plan
 from ..workload import Workload
-from .common import Facts, build, evaluate, facts_for, natural_peak_bytes, policy_cannot_fit, with_info
+from .common import Facts, block_layers, build, evaluate, facts_for, natural_peak_bytes, policy_cannot_fit, with_info
 from .copies import d2h_time_s
 from .selection import op_items
 
 ROUNDS = 4
-TIME_LIMIT_S = 10.0
-LAYER_GROUPS = 8
-"""Blocks are coarsened into this many contiguous groups: one decision per (op position in its
-block, group of blocks). Measured: per-op decisions on gpt2-xl (about 1000 binaries) took
-55 s to solve in HiGHS; 8 groups solve in seconds."""
+TIME_LIMIT_S = 8.0
+"""HiGHS time limit per solve; the plan then carries the incumbent, its gap and the dual bound."""
+MIP_REL_GAP = 1e-4
+MAX_UNITS = 400
+"""Decision units above which blocks are grouped (``layer_groups``): per-op decisions on the
+three built-in models are 200-390 units and solve in seconds with the sparse formulation."""
+GIB = float(2**30)
 
 
-def coarse_items(facts: Facts) -> list[tuple[str, ...]]:
-    """Decision units: the saved outputs of the ops at the same position of every block in one group
-    of consecutive blocks; ops outside the blocks (embedding, head) each decide alone."""
-    from .common import block_layers
-
+def decision_units(facts: Facts, layer_groups: int | None = None) -> list[tuple[str, ...]]:
+    """Decision units: the saved outputs of one op, or, with ``layer_groups``, of the ops at the same
+    position of every block in one of that many groups of consecutive blocks (ops outside the
+    blocks, the embedding and head, always decide alone)."""
     w = facts.workload
+    items = op_items(facts, facts.candidates)
+    if layer_groups is None:
+        return items
     blocks = block_layers(w)
-    per_group = max(1, -(-len(blocks) // LAYER_GROUPS))
+    per_group = max(1, -(-len(blocks) // layer_groups))
     group_of = {layer: i // per_group for i, layer in enumerate(blocks)}
     position: dict[str, int] = {}
     seen: dict[int, int] = {}
@@ -58,90 +74,201 @@ def coarse_items(facts: Facts) -> list[tuple[str, ...]]:
         position[op.name] = seen.get(op.layer, 0)
         seen[op.layer] = position[op.name] + 1
     units: dict[tuple, list[str]] = {}
-    for item in op_items(facts, facts.candidates):
+    for item in items:
         op = w.ops[w.op_index[w.tensor_by_name[item[0]].producer]]
         key = ("block", group_of[op.layer], position[op.name]) if op.layer in group_of else ("op", op.name)
         units.setdefault(key, []).extend(item)
     return [tuple(v) for v in units.values()]
 
 
-def _solve(facts: Facts, hardware: Hardware, items: list[tuple[str, ...]], limit_bytes: int):
-    """Solve the MILP for a memory limit at the end of the forward pass; (actions, objective) or None."""
+def choose_units(facts: Facts) -> tuple[list[tuple[str, ...]], str]:
+    """Per-op units when there are at most MAX_UNITS of them, else the fewest block groups that
+    keeps the count under it."""
+    units = decision_units(facts)
+    if len(units) <= MAX_UNITS:
+        return units, "one unit per op"
+    groups = len(block_layers(facts.workload))
+    while groups > 1:
+        groups = max(1, groups // 2)
+        units = decision_units(facts, groups)
+        if len(units) <= MAX_UNITS:
+            break
+    return units, f"ops at one block position share a unit across {groups} groups of blocks"
+
+
+class _Rows:
+    """Sparse constraint rows for scipy.optimize.milp."""
+
+    def __init__(self) -> None:
+        self.rows: list[int] = []
+        self.cols: list[int] = []
+        self.vals: list[float] = []
+        self.lower: list[float] = []
+        self.upper: list[float] = []
+
+    def add(self, entries, lo: float, hi: float) -> None:
+        r = len(self.lower)
+        for col, val in entries:
+            if val != 0.0:
+                self.rows.append(r)
+                self.cols.append(col)
+                self.vals.append(val)
+        self.lower.append(lo)
+        self.upper.append(hi)
+
+
+def _solve(facts: Facts, hardware: Hardware, units: list[tuple[str, ...]], limit_bytes: int) -> dict | None:
+    """Solve the MILP for a memory limit; None when HiGHS finds no solution."""
     np = require("numpy", "milp", "the optimal planner")
     optimize = require("scipy.optimize", "milp", "the optimal planner")
     sparse = require("scipy.sparse", "milp", "the optimal planner")
-    n = len(items)
-    size = np.array([sum(facts.size[t] for t in it) for it in items], dtype=float)
-    cost = np.array([facts.recompute_time_s(it) for it in items])
-    made = np.array([max(facts.produced_at_s[t] for t in it) for it in items])
-    first_use = np.array([min(facts.first_use_s[t] for t in it) for it in items])
-    out_s = np.array([sum(d2h_time_s(hardware, facts.size[t]) for t in it) for it in items])
-    back_s = np.array([sum(hardware.copy_latency_s + facts.size[t] / hardware.h2d_bytes_per_s for t in it)
-                       for it in items])
-    rows, cols, vals, lower, upper = [], [], [], [], []
-    row = 0
-
-    def add_row(entries, lo, hi):
-        nonlocal row
-        for col, val in entries:
-            rows.append(row)
-            cols.append(col)
-            vals.append(val)
-        lower.append(lo)
-        upper.append(hi)
-        row += 1
-
-    for i in range(n):  # s_i + r_i <= 1
-        add_row([(i, 1.0), (n + i, 1.0)], -np.inf, 1.0)
-    # memory: sum size_i (s_i + r_i) >= inputs + total - limit
-    need = facts.input_bytes + float(size.sum()) - limit_bytes
-    add_row([(i, size[i]) for i in range(n)] + [(n + i, size[i]) for i in range(n)], need, np.inf)
-    by_made = sorted(range(n), key=lambda i: (made[i], i))
-    for pos, i in enumerate(by_made):  # copies out of everything made from op i on end in time
-        later = by_made[pos:]
-        add_row([(j, out_s[j]) for j in later], -np.inf, facts.forward_time_s - made[i])
-    by_use = sorted(range(n), key=lambda i: (first_use[i], i))
-    for pos, i in enumerate(by_use):  # copies back of everything used up to op i land in time
-        earlier = by_use[: pos + 1]
-        add_row([(j, back_s[j]) for j in earlier], -np.inf, first_use[i])
-    matrix = sparse.csr_array((vals, (rows, cols)), shape=(row, 2 * n))
-    objective = np.concatenate([np.zeros(n), cost])
+    w = facts.workload
+    n_ops = len(w.ops)
+    u_count = len(units)
+    size = [sum(facts.size[t] for t in u) / GIB for u in units]
+    made = [max(facts.produced_at_s[t] for t in u) for u in units]
+    first_use = [min(facts.first_use_s[t] for t in u) for u in units]
+    # Op indices of backward readers: memory is counted per backward step (op index).
+    last_reader = [min(w.last_bwd_reader[t] for t in u) for u in units]
+    first_reader = [max(w.op_index[r] for t in u for r in w.tensor_by_name[t].bwd_readers) for u in units]
+    out_s = [sum(d2h_time_s(hardware, facts.size[t]) for t in u) for u in units]
+    back_s = [sum(hardware.copy_latency_s + facts.size[t] / hardware.h2d_bytes_per_s for t in u) for u in units]
+    rebuild_ops = sorted({i for u in units for t in u for i in facts.rebuild_ops[t]})
+    y_col = {op: 2 * u_count + k for k, op in enumerate(rebuild_ops)}
+    n_y = len(rebuild_ops)
+    # Auxiliary running sums: d2h suffix sums (production order), h2d prefix sums (use order),
+    # bytes off per backward step.
+    d2h_col = 2 * u_count + n_y
+    h2d_col = d2h_col + u_count
+    mem_col = h2d_col + u_count  # v_i for i = 0..n_ops
+    n_vars = mem_col + n_ops + 1
+    S = lambda u: u  # noqa: E731 - column of s_u
+    R = lambda u: u_count + u  # noqa: E731 - column of r_u
+    rows = _Rows()
+    for u in range(u_count):
+        rows.add([(S(u), 1.0), (R(u), 1.0)], -np.inf, 1.0)
+        for op in sorted({i for t in units[u] for i in facts.rebuild_ops[t]}):
+            rows.add([(y_col[op], 1.0), (R(u), -1.0)], 0.0, np.inf)
+    # Copies out: a_k = out_k s_k + a_{k+1} over production order; made_k + a_k <= forward time.
+    by_made = sorted(range(u_count), key=lambda u: (made[u], u))
+    for pos, u in enumerate(by_made):
+        entries = [(d2h_col + pos, 1.0), (S(u), -out_s[u])]
+        if pos + 1 < u_count:
+            entries.append((d2h_col + pos + 1, -1.0))
+        rows.add(entries, 0.0, 0.0)
+        rows.add([(d2h_col + pos, 1.0)], -np.inf, facts.forward_time_s - made[u])
+    # Copies back: b_k = b_{k-1} + back_k s_k over first-use order; b_k <= first use of k.
+    by_use = sorted(range(u_count), key=lambda u: (first_use[u], u))
+    for pos, u in enumerate(by_use):
+        entries = [(h2d_col + pos, 1.0), (S(u), -back_s[u])]
+        if pos > 0:
+            entries.append((h2d_col + pos - 1, -1.0))
+        rows.add(entries, 0.0, 0.0)
+        rows.add([(h2d_col + pos, 1.0)], -np.inf, first_use[u])
+    # Memory: v_i = bytes off the device at backward step i = sum over units with first reader < i of
+    # size x; v_{i+1} = v_i + those with first reader i. Need v_i >= inputs + held_i - limit, where
+    # held_i = units whose last reader is <= i (all of them at i = n_ops, the end of forward).
+    by_first_reader: dict[int, list[int]] = {}
+    for u in range(u_count):
+        by_first_reader.setdefault(first_reader[u], []).append(u)
+    held = [0.0] * (n_ops + 1)
+    for u in range(u_count):
+        held[last_reader[u]] += size[u]
+    running = 0.0
+    for i in range(n_ops + 1):
+        running += held[i] if i < n_ops else 0.0
+        held[i] = running
+    held[n_ops] = running
+    rows.add([(mem_col, 1.0)], 0.0, 0.0)
+    limit = limit_bytes / GIB
+    inputs = facts.input_bytes / GIB
+    for i in range(n_ops):
+        entries = [(mem_col + i + 1, 1.0), (mem_col + i, -1.0)]
+        for u in by_first_reader.get(i, ()):
+            entries += [(S(u), -size[u]), (R(u), -size[u])]
+        rows.add(entries, 0.0, 0.0)
+    for i in range(n_ops + 1):
+        rows.add([(mem_col + i, 1.0)], inputs + held[i] - limit, np.inf)
+    # Forward memory at the start of each op i (its outputs just allocated): every unit made so far,
+    # minus the units already gone: a recompute after its last forward use, a swap after that and
+    # after its own copy out could end (made + its copy time; earlier copies in the FIFO may delay
+    # it further, which the simulation and the margin catch). f_i = f_{i-1} + units gone at op i.
+    starts, now = [], 0.0
+    for op in w.ops:
+        starts.append(now)
+        now += op.fwd_time_s
+    made_op = [max(w.op_index[w.tensor_by_name[t].producer] for t in u) for u in units]
+    last_fwd = [max(w.last_fwd_use[t] for t in u) for u in units]
+    gone_rec: dict[int, list[int]] = {}
+    gone_swap: dict[int, list[int]] = {}
+    for u in range(u_count):
+        gone_rec.setdefault(last_fwd[u] + 1, []).append(u)
+        copied = bisect.bisect_left(starts, made[u] + out_s[u])
+        gone_swap.setdefault(max(last_fwd[u] + 1, copied), []).append(u)
+    made_bytes = [0.0] * n_ops
+    for u in range(u_count):
+        made_bytes[made_op[u]] += size[u]
+    fwd_col = n_vars
+    n_vars += n_ops
+    rows.add([(fwd_col, 1.0)], 0.0, 0.0)
+    allocated = inputs
+    for i in range(n_ops):
+        if i > 0:
+            entries = [(fwd_col + i, 1.0), (fwd_col + i - 1, -1.0)]
+            entries += [(R(u), -size[u]) for u in gone_rec.get(i, ())]
+            entries += [(S(u), -size[u]) for u in gone_swap.get(i, ())]
+            rows.add(entries, 0.0, 0.0)
+        allocated += made_bytes[i]
+        rows.add([(fwd_col + i, 1.0)], allocated - limit, np.inf)
+    matrix = sparse.csr_array((rows.vals, (rows.rows, rows.cols)), shape=(len(rows.lower), n_vars))
+    objective = np.zeros(n_vars)
+    for op, col in y_col.items():
+        objective[col] = w.ops[op].fwd_time_s
+    integrality = np.zeros(n_vars)
+    integrality[: 2 * u_count] = 1
+    upper = np.full(n_vars, np.inf)
+    upper[: 2 * u_count + n_y] = 1.0
+    started = time.perf_counter()
     result = optimize.milp(
-        objective, constraints=[optimize.LinearConstraint(matrix, lower, upper)],
-        integrality=np.ones(2 * n), bounds=optimize.Bounds(0, 1),
-        options={"time_limit": TIME_LIMIT_S, "mip_rel_gap": 1e-6},
+        objective, constraints=[optimize.LinearConstraint(matrix, rows.lower, rows.upper)],
+        integrality=integrality, bounds=optimize.Bounds(np.zeros(n_vars), upper),
+        options={"time_limit": TIME_LIMIT_S, "mip_rel_gap": MIP_REL_GAP},
     )
+    solve_s = time.perf_counter() - started
     if result.x is None:
         return None
     actions: dict[str, Action] = {}
-    for i, it in enumerate(items):
-        action = Action.SWAP if result.x[i] > 0.5 else Action.RECOMPUTE if result.x[n + i] > 0.5 else None
+    for u, names in enumerate(units):
+        action = Action.SWAP if result.x[S(u)] > 0.5 else Action.RECOMPUTE if result.x[R(u)] > 0.5 else None
         if action is not None:
-            actions.update({t: action for t in it})
-    return actions, float(result.fun), bool(result.status == 0)
+            actions.update({t: action for t in names})
+    dual = getattr(result, "mip_dual_bound", None)
+    return {"actions": actions, "objective_s": float(result.fun), "solve_s": solve_s,
+            "dual_bound_s": float(dual) if dual is not None else float(result.fun),
+            "gap": float(getattr(result, "mip_gap", 0.0) or 0.0), "proven": bool(result.status == 0),
+            "variables": n_vars, "binaries": 2 * u_count, "rows": len(rows.lower)}
 
 
 def plan_optimal(workload: Workload, hardware: Hardware, budget_bytes: int) -> Plan:
     facts = facts_for(workload)
-    items = coarse_items(facts)
+    units, granularity = choose_units(facts)
     margin = 0
     best = None
     total_solve_s = 0.0
     rounds = []
     for _ in range(ROUNDS):
-        started = time.perf_counter()
-        solved = _solve(facts, hardware, items, budget_bytes - margin)
-        total_solve_s += time.perf_counter() - started
+        solved = _solve(facts, hardware, units, budget_bytes - margin)
         if solved is None:
             break
-        actions, objective_s, proven = solved
-        plan = build(workload, hardware, actions, "optimal", budget_bytes)
+        total_solve_s += solved["solve_s"]
+        plan = build(workload, hardware, solved["actions"], "optimal", budget_bytes)
         peak = natural_peak_bytes(workload, hardware, plan)
         cand = evaluate(workload, hardware, plan, budget_bytes)
-        rounds.append({"margin_bytes": margin, "objective_s": objective_s, "peak_bytes": peak,
+        rounds.append({"margin_bytes": margin, "objective_s": solved["objective_s"],
+                       "dual_bound_s": solved["dual_bound_s"], "peak_bytes": peak,
                        "simulated_step_time_s": cand.step_time_s if cand.fits else None})
         if cand.fits and (best is None or cand.step_time_s < best[0].step_time_s):
-            best = (cand, objective_s, proven)
+            best = (cand, solved, margin)
         if peak <= budget_bytes:
             break
         margin += peak - budget_bytes
@@ -149,10 +276,13 @@ def plan_optimal(workload: Workload, hardware: Hardware, budget_bytes: int) -> P
         plan = build(workload, hardware, {n: Action.RECOMPUTE for n in facts.candidates}, "optimal", budget_bytes)
         raise policy_cannot_fit("optimal", budget_bytes, natural_peak_bytes(workload, hardware, plan),
                                 "raise the budget")
-    cand, objective_s, proven = best
+    cand, solved, margin = best
+    ideal = workload.ideal_step_time_s
     return with_info(
-        cand.plan, rule=f"MILP over keep/swap/recompute, {len(items)} decision units (HiGHS)",
-        milp_objective_s=objective_s, milp_predicted_step_time_s=workload.ideal_step_time_s + objective_s,
-        milp_solve_time_s=total_solve_s, milp_proven_optimal=proven, milp_decisions=2 * len(items),
-        milp_rounds=rounds, simulated_step_time_s=cand.step_time_s,
+        cand.plan, rule=f"MILP over keep/swap/recompute, {len(units)} decision units ({granularity}), HiGHS",
+        milp_objective_s=solved["objective_s"], milp_dual_bound_s=solved["dual_bound_s"],
+        milp_gap=solved["gap"], milp_predicted_step_time_s=ideal + solved["objective_s"],
+        milp_bound_step_time_s=ideal + solved["dual_bound_s"], milp_solve_time_s=total_solve_s,
+        milp_proven_optimal=solved["proven"], milp_margin_bytes=margin, milp_decisions=solved["binaries"],
+        milp_units=len(units), milp_rounds=rounds, simulated_step_time_s=cand.step_time_s,
     )
