@@ -134,12 +134,7 @@ HOSTILE_VALUES: dict[str, list[tuple[str, object]]] = {
     "file": [("@missing_model", "does not exist"), ("@syntax_error", "SyntaxError"), ("@no_loss", "loss_fn"),
              ("@vector_loss", "scalar"), ("@raises", "boom")],
 }
-KNOWN_BUGS = {
-    ("profile", "file", "@raises"): "cli/profile_cmd.py calls make_model(), make_batch() and loss_fn() unguarded: "
-                                    "an exception in the user's file escapes as a traceback with exit code 1 (reported)",
-    ("profile", "--hardware", ""): "cli/profile_cmd.py reads `get_hardware(args.hardware) if args.hardware else None`, "
-                                   "so --hardware '' silently keeps the measured times (reported)",
-}
+KNOWN_BUGS: dict[tuple[str, str, str], str] = {}
 
 
 def resolve(value: str, inputs) -> str:

@@ -148,6 +148,14 @@ def prefetch_alap(
     return result
 
 
+def _as_action(value, name: str) -> Action:
+    if isinstance(value, Action):
+        return value
+    if isinstance(value, str):
+        return Action.parse(value, f"action of {name!r}")
+    raise ValidationError(f"action of {name!r} must be keep, swap or recompute, got {value!r}")
+
+
 def make_plan(
     workload: Workload,
     actions: Mapping[str, Action],
@@ -161,7 +169,7 @@ def make_plan(
     """Complete a set of actions into a Plan: default every unnamed saved tensor to KEEP,
     choose prefetch steps (as late as possible on ``hardware``, or at first use without
     one) and derive the recompute groups."""
-    full = {t.name: actions.get(t.name, Action.KEEP) for t in workload.saved_tensors}
+    full = {t.name: _as_action(actions.get(t.name, Action.KEEP), t.name) for t in workload.saved_tensors}
     unknown = set(actions) - set(full)
     if unknown:
         raise ValidationError(f"actions name tensors the workload does not save: {sorted(unknown)[:3]}")

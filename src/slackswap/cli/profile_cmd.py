@@ -11,7 +11,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from ..errors import ValidationError, require
+from ..errors import SlackswapError, ValidationError, require
 from ..units import format_bytes, format_seconds
 from .common import check_output_paths
 
@@ -56,6 +56,17 @@ def load_user_file(path: str):
     return module.make_model, module.make_batch, module.loss_fn
 
 
+def _call_user(path: str, what: str, fn):
+    """Run code from the user's file; its failure is one line naming the file and the call, not a traceback."""
+    try:
+        return fn()
+    except SlackswapError:
+        raise
+    except Exception as exc:
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise ValidationError(f"{what} from {path!r} failed: {type(exc).__name__}: {message}") from None
+
+
 def run(args) -> int:
     check_output_paths(args.out)
     require("torch", "torch", "slackswap profile")
@@ -63,10 +74,11 @@ def run(args) -> int:
     from ..profiler import profile_model
 
     make_model, make_batch, loss_fn = load_user_file(args.file)
-    hardware = get_hardware(args.hardware) if args.hardware else None
-    model = make_model()
-    batch = make_batch()
-    workload = profile_model(model, batch, loss_fn, hardware=hardware, warmup=args.warmup, repeats=args.repeats)
+    hardware = get_hardware(args.hardware) if args.hardware is not None else None
+    model = _call_user(args.file, "make_model()", make_model)
+    batch = _call_user(args.file, "make_batch()", make_batch)
+    workload = _call_user(args.file, "loss_fn(model, batch) during profiling", lambda: profile_model(
+        model, batch, loss_fn, hardware=hardware, warmup=args.warmup, repeats=args.repeats))
     workload.save(args.out)
     if args.quiet:
         return 0

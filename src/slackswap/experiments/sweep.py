@@ -28,6 +28,9 @@ Progress = Callable[[int, int, str], None]
 """Called as progress(done, total, label) after each (budget, policy) pair."""
 
 
+MAX_BUDGETS = 1000  # a sweep point costs up to a second per policy; more is a typo, not a study
+
+
 def parse_budgets(text: str) -> list[float]:
     """'0.2:1.0:0.05' (start:stop:step, stop included) or '0.3,0.5,0.7' into fractions."""
     text = text.strip()
@@ -37,11 +40,19 @@ def parse_budgets(text: str) -> list[float]:
             if step <= 0 or start <= 0 or stop > 1 or start > stop:
                 raise ValueError
             count = int(round((stop - start) / step)) + 1
+            if count > MAX_BUDGETS:
+                raise ValidationError(
+                    f"budgets {text!r} ask for {count} budgets; at most {MAX_BUDGETS}: use a larger step"
+                )
             values = [round(start + i * step, 10) for i in range(count)]
             values = [v for v in values if v <= stop + 1e-9]
         else:
             values = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
+            if len(values) > MAX_BUDGETS:
+                raise ValidationError(f"budgets {text!r} list {len(values)} budgets; at most {MAX_BUDGETS}")
+    except ValidationError:
+        raise
+    except (ValueError, OverflowError):
         raise ValidationError(
             f"cannot read budgets {text!r}: write start:stop:step such as 0.2:1.0:0.05, or a list such as 0.3,0.5"
         ) from None
@@ -54,6 +65,8 @@ def parse_policies(text: str | None) -> list[str]:
     if not text:
         return list(PLANNERS)
     names = [p.strip() for p in text.split(",") if p.strip()]
+    if not names:
+        raise ValidationError(f"--policies {text!r} names no policy: list some, e.g. slackswap,capuchin")
     for name in names:
         get_planner(name)
     return names

@@ -9,6 +9,9 @@ from typing import Any
 from .._fields import Fields
 from ..errors import ValidationError
 
+# Op count, and so build and simulation time, grows with the layer count; this bound keeps a typo
+# (a million layers) from running for minutes while leaving room far above real models.
+MAX_LAYERS = 4096
 ATTENTION_KINDS = ("eager", "flash")
 MLP_KINDS = ("gelu", "swiglu")
 NORM_KINDS = ("layernorm", "rmsnorm")
@@ -46,6 +49,11 @@ class TransformerSpec:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValidationError(f"model spec {key} must be a positive integer, got {value!r}")
+        if self.layers > MAX_LAYERS:
+            raise ValidationError(
+                f"model spec layers is {self.layers}; at most {MAX_LAYERS} are supported (the largest published "
+                "dense transformers have about 130): check the value"
+            )
         if self.hidden % self.heads:
             raise ValidationError(f"model spec hidden ({self.hidden}) must be divisible by heads ({self.heads})")
         for key, allowed in (("attention", ATTENTION_KINDS), ("mlp", MLP_KINDS), ("norm", NORM_KINDS)):
