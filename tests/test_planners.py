@@ -200,3 +200,66 @@ def test_planning_is_deterministic():
         a = plan_workload(w, fast_link(), 600, policy)
         b = plan_workload(w, fast_link(), 600, policy)
         assert a.to_dict(w) | {"info": None} == b.to_dict(w) | {"info": None}
+
+
+def test_capuchin_swaps_more_when_recompute_alone_cannot_reach_the_budget():
+    # At layered()'s minimum budget no recompute-only plan fits (recompute-optimal refuses), and
+    # on a 1 B/s link no copy hides. Capuchin's fallback swaps anyway, stalls and all.
+    w = layered()
+    budget = minimum_budget_bytes(w)
+    with pytest.raises(BudgetError):
+        plan_workload(w, slow_link(), budget, "recompute-optimal")
+    plan = plan_workload(w, slow_link(), budget, "capuchin")
+    assert plan.count(Action.SWAP) >= 1 and "stalls and all" in plan.info["rule"]
+    timeline = simulate(w, slow_link(), plan, budget)
+    assert timeline.peak_memory_bytes <= budget and timeline.stall_time_s > 100
+
+
+def test_window_booking_answers_like_round_trip_fits():
+    import random
+
+    from slackswap.planners.common import facts_for
+    from slackswap.planners.copies import WindowBooking, round_trip_fits
+
+    w = chain(12, fwd_time_s=[0.5 + (i % 3) for i in range(12)], size_bytes=[40 + 17 * i for i in range(11)] + [1])
+    hw = slow_link(d2h_bytes_per_s=120.0, h2d_bytes_per_s=100.0, copy_latency_s=0.05, duplex_h2d_factor=0.5)
+    facts = facts_for(w)
+    rng = random.Random(3)
+    booking, booked = WindowBooking(facts, hw), []
+    answers = set()
+    for name in rng.sample(list(facts.candidates), len(facts.candidates)):
+        for deadline in (facts.forward_time_s, None):
+            fits = booking.fits(name, out_deadline_s=deadline)
+            assert fits == round_trip_fits(facts, hw, booked + [name], out_deadline_s=deadline)
+            answers.add(fits)
+        if booking.fits(name, out_deadline_s=None):
+            booking.add(name)
+            booked.append(name)
+    assert answers == {True, False}  # both outcomes were exercised
+
+
+def test_slackswap_spill_pass_appends_swaps_whose_copies_end_in_backward():
+    from slackswap.planners.common import facts_for
+    from slackswap.planners.slackswap import windowed_swaps
+
+    w = chain(4, fwd_time_s=[1.0, 0.5, 0.5, 0.5], bwd_time_s=[2.0, 2.0, 2.0, 2.0], size_bytes=[100, 100, 80, 1])
+    hw = slow_link(d2h_bytes_per_s=50.0, h2d_bytes_per_s=50.0)
+    facts = facts_for(w)
+    # Forward ends at 2.5 s; a0's copy out runs 1 .. 3 s (0.5 s into backward); its first use is
+    # step 2, 4 s into backward; the copy back (2 s) lands at 2.5 s. a1's copy would start at 3 s.
+    strict = windowed_swaps(facts, hw, list(facts.candidates))
+    spill = windowed_swaps(facts, hw, list(facts.candidates), spill=True)
+    assert strict == [] and spill == ["a0"]
+
+
+def test_optimal_reports_its_bound_objective_and_simulated_step():
+    w = layered()
+    plan = plan_workload(w, fast_link(), 500, "optimal")
+    info = plan.info
+    assert info["milp_dual_bound_s"] <= info["milp_objective_s"] + 1e-9
+    assert info["milp_bound_step_time_s"] <= info["milp_predicted_step_time_s"] + 1e-9
+    assert info["milp_units"] == 7  # per-op units: embed, l{i}.a and l{i}.b (the head saves nothing)
+    # Fast link: every unit can be swapped, so the linear model predicts the ideal step and the
+    # simulator agrees.
+    assert info["milp_objective_s"] == pytest.approx(0.0, abs=1e-9)
+    assert info["simulated_step_time_s"] == pytest.approx(w.ideal_step_time_s)

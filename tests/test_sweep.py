@@ -15,13 +15,14 @@ from slackswap.planners import HEURISTICS
 from slackswap.workloads.synthetic import chain
 
 GRID = [0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
-OPTIMAL_GRID = [0.3, 0.5, 0.7]
 MODELS = ("bert-large", "gpt2-xl", "llama-7b")
-# slackswap must not fall below any other heuristic. Measured on this grid (a100-80gb-pcie4):
-# it is strictly best or tied everywhere except three cells where it trails by at most 0.09
-# points (gpt2-xl 0.7 and 0.8 behind capuchin, llama-7b 0.2 behind slackswap-paper); see
-# docs/planners.md "Known gaps". The tolerance below is that measured worst case, rounded up.
-TOLERANCE_PTS = 0.1
+# slackswap must never fall below another heuristic: exact comparison of throughput_pct, with
+# 1e-9 points for float noise only. This test covers the 0.1 grid; benchmarks/bench_planners.py
+# checks the 0.05 grid (0.20 .. 0.90) and commits the table (benchmarks/results/planners.md).
+FLOAT_NOISE_PTS = 1e-9
+# The MILP takes seconds per solve: the printed gap to it is measured on one cell per model here
+# (llama-7b solves fastest); the benchmark prints it on more.
+OPTIMAL_CELLS = {"llama-7b": [0.5]}
 
 
 def test_parse_budgets_ranges_and_lists():
@@ -67,8 +68,7 @@ def test_slackswap_is_never_below_another_heuristic(model, summary_lines):
     workload = build_model_workload(model, hw)
     started = time.perf_counter()
     rows = run_sweep(workload, hw, GRID, list(HEURISTICS) + ["slackswap"])
-    # The MILP takes seconds per budget: the gap to it is measured on part of the grid.
-    rows += run_sweep(workload, hw, OPTIMAL_GRID, ["optimal"])
+    rows += run_sweep(workload, hw, OPTIMAL_CELLS.get(model, []), ["optimal"])
     elapsed = time.perf_counter() - started
     gaps = []
     for fraction in GRID:
@@ -77,7 +77,7 @@ def test_slackswap_is_never_below_another_heuristic(model, summary_lines):
         assert ours["fits"] and ours["peak_memory_bytes"] <= ours["budget_bytes"]
         for name in HEURISTICS:
             if at[name]["fits"]:
-                assert ours["throughput_pct"] >= at[name]["throughput_pct"] - TOLERANCE_PTS, (fraction, name)
+                assert ours["throughput_pct"] >= at[name]["throughput_pct"] - FLOAT_NOISE_PTS, (fraction, name)
         best_other = max((at[n]["throughput_pct"] for n in HEURISTICS if at[n]["fits"]), default=None)
         optimal = at["optimal"]["throughput_pct"] if "optimal" in at else None
         mine = ours["throughput_pct"]
