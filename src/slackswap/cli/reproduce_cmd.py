@@ -80,9 +80,10 @@ def policy_rows(row: dict) -> list[tuple[str, str, str, str, str]]:
             continue
         note = ""
         if "milp_objective_s" in r:
-            note = (f"MILP objective {format_seconds(r['milp_objective_s'])} over ideal, predicted "
-                    f"{format_seconds(r['milp_predicted_step_time_s'])}, solved in "
-                    f"{format_seconds(r['milp_solve_time_s'])}")
+            note = (f"MILP objective {format_seconds(r['milp_objective_s'])} over ideal (dual bound "
+                    f"{format_seconds(r.get('milp_dual_bound_s', r['milp_objective_s']))}), predicted step "
+                    f"{format_seconds(r['milp_predicted_step_time_s'])}, simulated {format_seconds(r['step_time_s'])}, "
+                    f"solved in {format_seconds(r['milp_solve_time_s'])}")
         rows.append((name, f"{r['throughput_pct']:.2f}%", format_bytes(r["peak_memory_bytes"]),
                      format_seconds(r["step_time_s"]), note))
     return rows

@@ -106,7 +106,8 @@ def _policy_result(workload: Workload, hw: Hardware, budget: int, policy: str) -
         "swapped_bytes": plan.bytes_with(workload, Action.SWAP),
         "recomputed_bytes": plan.bytes_with(workload, Action.RECOMPUTE), "plan_time_s": plan_time,
     }
-    for key in ("milp_objective_s", "milp_predicted_step_time_s", "milp_solve_time_s", "milp_proven_optimal"):
+    for key in ("milp_objective_s", "milp_dual_bound_s", "milp_gap", "milp_predicted_step_time_s",
+                "milp_bound_step_time_s", "milp_solve_time_s", "milp_proven_optimal", "milp_units"):
         if key in plan.info:
             result[key] = plan.info[key]
     return result
