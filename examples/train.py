@@ -2,8 +2,10 @@
 
     python examples/train.py --model gpt2 --steps 5 --budget 0.5 --policy slackswap
 
-Prints the plan's actions, what the runtime realizes, the swap manager's counters, and the
-largest difference between the planned run's losses and an unmodified run's (0 expected).
+Prints the plan's actions, then what the plan (as simulated) predicts against what the runtime
+measured: recompute FLOPs (FlopCounterMode, planned step minus unmodified step), bytes copied
+each way per step, and the peak of saved bytes held on the device; then the largest difference
+between the planned run's losses and an unmodified run's (0 expected).
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ import copy
 import sys
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
+import slackswap
 from slackswap import Action, get_hardware
 from slackswap.examples import EXAMPLES, ExampleConfig, loss_fn, make_batch, make_example
 from slackswap.profiler import profile_model
@@ -21,22 +25,20 @@ from slackswap.runtime import apply_plan, build_execution_map
 from slackswap.units import format_bytes
 
 
-def make_plan_for(workload, hardware, budget: float, policy: str):
-    """Plan with the planners when they are installed; the runtime's prefetch steps are applied
-    so every swapped tensor is back when the runtime reads it."""
-    import dataclasses
+def step_flops(model, batch, runtime=None) -> int:
+    """FLOPs of one training step (forward, backward and any recompute), by FlopCounterMode."""
+    with FlopCounterMode(display=False) as counter:
+        if runtime is None:
+            loss_fn(model, batch).backward()
+        else:
+            with runtime:
+                loss_fn(model, batch).backward()
+    model.zero_grad(set_to_none=True)
+    return counter.get_total_flops()
 
-    from slackswap.planners import plan_workload
-    from slackswap.runtime import runtime_prefetch_steps
-    from slackswap.schedule import make_plan
-    from slackswap.sim import simulate_ideal
 
-    peak = simulate_ideal(workload, hardware).peak_memory_bytes
-    plan = plan_workload(workload, hardware, max(1, int(budget * peak)), policy)
-    steps = runtime_prefetch_steps(workload, plan)
-    merged = {n: min(s, plan.prefetch_step.get(n, s)) for n, s in steps.items()}
-    runnable = make_plan(workload, plan.actions, policy=plan.policy, budget_bytes=plan.budget_bytes, prefetch_step=merged)
-    return dataclasses.replace(runnable, info=plan.info)
+def mflop(flops: float) -> str:
+    return f"{flops / 1e6:.3f} MFLOP"
 
 
 def main(argv=None) -> int:
@@ -57,13 +59,15 @@ def main(argv=None) -> int:
     batches = [make_batch(config, seed=s, device=device) for s in range(args.steps)]
     hardware = get_hardware(args.hardware)
     workload = profile_model(model, batches[0], loss_fn, hardware=hardware)
-    plan = make_plan_for(workload, hardware, args.budget, args.policy)
+    plan = slackswap.plan(workload, hardware, budget=args.budget, policy=args.policy)
     emap = build_execution_map(workload, plan)
+    simulated = slackswap.simulate(workload, hardware, plan)
     print(f"{workload.name}: {len(workload.ops)} ops, {format_bytes(workload.saved_bytes)} saved per step")
     print(f"plan {plan.policy} at {format_bytes(plan.budget_bytes)}: "
-          + ", ".join(f"{plan.count(a)} {a.value}" for a in Action))
-    print(f"runtime: {len(emap.regions)} checkpoint region(s); "
-          + ("runs the plan exactly" if emap.aligned else "differs from the plan: " + "; ".join(emap.notes)))
+          + ", ".join(f"{plan.count(a)} {a.value}" for a in Action)
+          + f"; {len(plan.recompute_groups)} recompute group(s)")
+    if not emap.aligned:
+        print("runtime differs from the plan: " + "; ".join(emap.notes))
 
     def train(m, runtime=None):
         opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
@@ -82,16 +86,33 @@ def main(argv=None) -> int:
             losses.append(loss.item())
         return losses
 
+    unmodified = copy.deepcopy(model)
     reference = train(copy.deepcopy(model))
     runtime = apply_plan(model, plan, workload)
     planned = train(model, runtime)
     s = runtime.stats
+    torch.manual_seed(0)
+    measured_flops = step_flops(model, batches[0], runtime)
+    torch.manual_seed(0)
+    measured_flops -= step_flops(unmodified, batches[0])
+    predicted_flops = emap.plan_recompute_flops
+    swapped = plan.bytes_with(workload, Action.SWAP)
+    rows = [
+        ("recompute per step", mflop(predicted_flops), mflop(measured_flops)),
+        ("copied out per step", format_bytes(swapped), format_bytes(s.step_d2h_bytes)),
+        ("copied back per step", format_bytes(swapped), format_bytes(s.step_h2d_bytes)),
+        ("peak saved on device", format_bytes(simulated.peak_memory_bytes), format_bytes(s.peak_device_saved_bytes)),
+    ]
+    print(f"{'':22} {'plan (simulated)':>18} {'runtime (measured)':>19}")
+    for label, want, got in rows:
+        print(f"{label:22} {want:>18} {got:>19}")
+    print(f"budget {format_bytes(plan.budget_bytes)}; host pool {format_bytes(s.host_pool_bytes)} allocated "
+          f"{s.host_pool_allocations}x; late prefetches {s.late_prefetches}")
     print(f"losses: {', '.join(f'{x:.5f}' for x in planned)}")
     print(f"max |loss - unmodified loss|: {max(abs(a - b) for a, b in zip(reference, planned)):.3g}")
-    print(f"per step: {format_bytes(s.step_d2h_bytes)} copied out, {format_bytes(s.step_h2d_bytes)} back; "
-          f"peak saved on device {format_bytes(s.peak_device_saved_bytes)} (budget {format_bytes(plan.budget_bytes)}); "
-          f"host pool {format_bytes(s.host_pool_bytes)} allocated {s.host_pool_allocations}x; late prefetches {s.late_prefetches}")
-    return 0 if reference == planned else 1
+    exact = (reference == planned and measured_flops == predicted_flops and s.step_d2h_bytes == swapped
+             and s.step_h2d_bytes == swapped and s.peak_device_saved_bytes <= plan.budget_bytes)
+    return 0 if exact else 1
 
 
 if __name__ == "__main__":
