@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..errors import SlackswapError, ValidationError, require
 from ..units import format_bytes, format_seconds
-from .common import check_output_paths
+from .common import check_output_paths, print_json
 
 REQUIRED = ("make_model", "make_batch", "loss_fn")
 
@@ -29,6 +29,7 @@ def register(subparsers) -> None:
                         help="project the measured times onto this hardware by roofline (default: keep measured times)")
     parser.add_argument("--warmup", type=int, default=1, metavar="N", help="warm-up steps before measuring (default 1)")
     parser.add_argument("--repeats", type=int, default=3, metavar="N", help="measured steps; times are medians (default 3)")
+    parser.add_argument("--json", action="store_true", help="print a JSON summary of the profile")
     parser.add_argument("--quiet", action="store_true", help="print nothing but errors (the workload is still written)")
     parser.set_defaults(func=run)
 
@@ -81,6 +82,11 @@ def run(args) -> int:
         model, batch, loss_fn, hardware=hardware, warmup=args.warmup, repeats=args.repeats))
     workload.save(args.out)
     if args.quiet:
+        return 0
+    if args.json:
+        print_json({"out": args.out, "workload": workload.name, "ops": len(workload.ops),
+                    "saved_tensors": len(workload.saved_tensors), "saved_bytes": workload.saved_bytes,
+                    "ideal_step_time_s": workload.ideal_step_time_s, "times": workload.meta.get("times")})
         return 0
     print(f"{workload.name}: {len(workload.ops)} ops, {len(workload.saved_tensors)} saved tensors, "
           f"{format_bytes(workload.saved_bytes)} saved, step {format_seconds(workload.ideal_step_time_s)} "
