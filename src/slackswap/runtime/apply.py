@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import PlanMismatchError
+from ..errors import PlanMismatchError, ValidationError
 from ..plans import Plan, check_plan
 from ..workload import Workload
 from .mapping import ExecutionMap, build_execution_map
@@ -12,30 +12,36 @@ from .replay import ForwardRecorder, RecordingMode
 from .swap import RuntimeStats, SwapManager
 
 
+def checked_workload(model: torch.nn.Module, plan: Plan, workload: Workload | None) -> Workload:
+    """The profile ``plan`` runs on (by default the model's last one), checked against the model."""
+    from ..profiler.profile import model_signature, workload_for
+
+    if workload is None:
+        workload = workload_for(model)
+        if workload is None:
+            raise PlanMismatchError(
+                "no profile of this model object is known: pass workload= (the Workload the plan was made from)"
+            )
+    check_plan(workload, plan)
+    profiled = workload.meta.get("model_signature")
+    if profiled is None:
+        raise PlanMismatchError(
+            f"workload {workload.name!r} was not measured by slackswap.profile: the runtime needs a profiled workload"
+        )
+    if profiled != model_signature(model):
+        raise PlanMismatchError(
+            f"the plan's workload was profiled from another model (signature {profiled}, this model "
+            f"{model_signature(model)}): profile this model and make the plan again"
+        )
+    return workload
+
+
 class PlanRuntime:
     """Context manager returned by :func:`apply_plan`. ``stats`` has the manager's counters,
     ``execution`` the ExecutionMap (what runs for each planned action)."""
 
     def __init__(self, model: torch.nn.Module, plan: Plan, workload: Workload | None = None) -> None:
-        from ..profiler.profile import model_signature, workload_for
-
-        if workload is None:
-            workload = workload_for(model)
-            if workload is None:
-                raise PlanMismatchError(
-                    "no profile of this model object is known: pass workload= (the Workload the plan was made from)"
-                )
-        check_plan(workload, plan)
-        profiled = workload.meta.get("model_signature")
-        if profiled is None:
-            raise PlanMismatchError(
-                f"workload {workload.name!r} was not measured by slackswap.profile: the runtime needs a profiled workload"
-            )
-        if profiled != model_signature(model):
-            raise PlanMismatchError(
-                f"the plan's workload was profiled from another model (signature {profiled}, this model "
-                f"{model_signature(model)}): profile this model and make the plan again"
-            )
+        workload = checked_workload(model, plan, workload)
         self.model = model
         self.plan = plan
         self.workload = workload
@@ -83,11 +89,27 @@ class PlanRuntime:
         self.recorder.resolve_pending()
 
 
-def apply_plan(model: torch.nn.Module, plan: Plan, workload: Workload | None = None) -> PlanRuntime:
+BACKENDS = ("replay", "checkpoint")
+
+
+def apply_plan(model: torch.nn.Module, plan: Plan, workload: Workload | None = None, *, backend: str = "replay",
+               hardware=None):
     """Train ``model`` under ``plan`` inside the returned context manager.
 
     ``workload`` is the profile the plan was made from; by default the last one
     slackswap.profile measured for this model object. Raises PlanMismatchError before
     anything runs when the plan, the workload and the model do not belong together.
+    ``backend`` is "replay" (default: replays recompute groups op by op, runs any plan exactly)
+    or "checkpoint" (torch.utils.checkpoint with selective-checkpoint policies; refuses, with a
+    CheckpointBackendError, plans it cannot run as planned). ``hardware`` (checkpoint only, default
+    the planning default) is what its memory check simulates on.
     """
-    return PlanRuntime(model, plan, workload)
+    if backend == "replay":
+        if hardware is not None:
+            raise ValidationError('hardware= is used by backend="checkpoint" only: drop it for the replay backend')
+        return PlanRuntime(model, plan, workload)
+    if backend == "checkpoint":
+        from .checkpoint_backend import CheckpointRuntime
+
+        return CheckpointRuntime(model, plan, checked_workload(model, plan, workload), hardware)
+    raise ValidationError(f"unknown runtime backend {backend!r}: use one of {', '.join(BACKENDS)}")
