@@ -134,11 +134,14 @@ def profile(model: Any, example_batch: Any, loss_fn: Any, **options: Any) -> Wor
     return profile_model(model, example_batch, loss_fn, **options)
 
 
-def apply(model: Any, plan: Plan, **options: Any):
-    """Context manager: train ``model`` under ``plan`` (needs the torch extra)."""
+def apply(model: Any, plan: Plan, *, backend: str = "replay", **options: Any):
+    """Context manager: train ``model`` under ``plan`` (needs the torch extra).
+
+    ``backend="replay"`` (default) runs any plan exactly; ``backend="checkpoint"`` recomputes through
+    torch.utils.checkpoint and refuses plans it cannot run as planned (docs/runtime.md, Backends)."""
     from .errors import require
 
     require("torch", "torch", "running a plan on a PyTorch model")
     from .runtime import apply_plan
 
-    return apply_plan(model, plan, **options)
+    return apply_plan(model, plan, backend=backend, **options)
