@@ -31,7 +31,9 @@ from slackswap.schedule import make_plan
 from slackswap.workloads.synthetic import chain, dag
 
 HW = PRESETS["a100-80gb-pcie4"]
-FUZZ = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# The same cases on every run (CI must not flake); SLACKSWAP_FUZZ=explore draws new ones.
+FUZZ = settings(max_examples=120, deadline=None, derandomize=os.environ.get("SLACKSWAP_FUZZ") != "explore",
+                database=None, suppress_health_check=[HealthCheck.too_slow])
 OUTPUT_OPTIONS = ("--out", "--timeline", "--trace", "--plot", "--html", "--csv")  # files; --report is a directory
 EXPENSIVE_POLICIES = ("optimal",)  # a MILP: tiny instances only, not in the random argv
 

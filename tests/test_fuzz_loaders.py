@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
 from typing import Any, Callable
 
 import pytest
@@ -34,7 +35,9 @@ from slackswap.workloads.synthetic import chain, dag
 
 HW = PRESETS["a100-80gb-pcie4"]
 EXAMPLES = 150  # per test; the whole file stays well under a minute on 2 cores
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=False,
+# The same cases on every run (CI must not flake); SLACKSWAP_FUZZ=explore draws new ones.
+FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=os.environ.get("SLACKSWAP_FUZZ") != "explore",
+                database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 # ---- valid documents -------------------------------------------------------------------------
