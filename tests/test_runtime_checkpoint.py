@@ -1,0 +1,219 @@
+"""The checkpoint backend (slackswap.apply(..., backend="checkpoint")) runs module-aligned plans as
+planned and refuses the others before any step.
+
+Every op in these tiny float32 CPU models is deterministic (no atomics on CPU), so training is
+compared with torch.equal, no tolerance; GPT-2-like and BERT-like use dropout, so equality also
+shows that checkpoint's RNG preservation redraws the same masks.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
+
+import slackswap  # noqa: E402
+from slackswap import Action, get_hardware, make_plan, simulate  # noqa: E402
+from slackswap.errors import SlackswapError, ValidationError  # noqa: E402
+from slackswap.examples import EXAMPLES, loss_fn, make_batch, make_example  # noqa: E402
+from slackswap.profiler import profile_model  # noqa: E402
+from slackswap.runtime import CheckpointBackendError, build_checkpoint_map, runtime_prefetch_steps  # noqa: E402
+
+HW = get_hardware("a100-80gb-pcie4")
+STEPS = 3
+
+
+def _block(call: str) -> str | None:
+    s = call.split("@")[0].split(".")
+    return ".".join(s[:2]) if len(s) >= 2 and s[1].isdigit() else None
+
+
+def block_actions(workload, outside: Action) -> dict:
+    """Recompute every tensor a block makes and reads only itself; ``outside`` for what crosses a
+    block boundary or is made before the first block (the blocks' inputs among them); keep the rest."""
+    calls = workload.meta["op_calls"]
+    actions = {}
+    for t in workload.saved_tensors:
+        if t.producer is None:
+            continue
+        producer = workload.op_index[t.producer]
+        block = _block(calls[producer])
+        if block is not None and {_block(calls[workload.op_index[r]]) for r in t.bwd_readers} == {block}:
+            actions[t.name] = Action.RECOMPUTE
+        elif workload.ops[producer].layer < workload.ops[-1].layer - 1:
+            actions[t.name] = outside
+    return actions
+
+
+PLANS = {"blocks": lambda w: block_actions(w, Action.KEEP), "mixed": lambda w: block_actions(w, Action.SWAP)}
+
+
+def budgeted_plan(workload, actions, policy):
+    """A plan with the runtime's prefetch steps, budgeted at its own simulated peak."""
+    plan = make_plan(workload, actions, policy=policy, budget_bytes=None,
+                     prefetch_step=runtime_prefetch_steps(workload, actions))
+    return dataclasses.replace(plan, budget_bytes=simulate(workload, HW, plan).peak_memory_bytes)
+
+
+@pytest.fixture(scope="module")
+def profiled():
+    cache = {}
+
+    def get(kind):
+        if kind not in cache:
+            model = make_example(kind)
+            batches = [make_batch(seed=s) for s in range(STEPS)]
+            cache[kind] = (model, batches, profile_model(model, batches[0], loss_fn, hardware=HW, repeats=1))
+        return cache[kind]
+
+    return get
+
+
+def train(model, batches, runtime=None):
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    torch.manual_seed(1234)  # dropout draws from here
+    losses = []
+    for batch in batches:
+        opt.zero_grad(set_to_none=True)
+        if runtime is None:
+            loss = loss_fn(model, batch)
+            loss.backward()
+        else:
+            with runtime:
+                loss = loss_fn(model, batch)
+                loss.backward()
+        losses.append(loss.detach().clone())
+        opt.step()
+    return losses, {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def step_flops(model, batch, runtime=None) -> int:
+    torch.manual_seed(5)
+    with FlopCounterMode(display=False) as counter:
+        if runtime is None:
+            loss_fn(model, batch).backward()
+        else:
+            with runtime:
+                loss_fn(model, batch).backward()
+    return counter.get_total_flops()
+
+
+def check_runs_as_planned(base, batches, workload, plan, runtime):
+    reference = copy.deepcopy(base)
+    ref_losses, ref_grads = train(reference, batches)
+    losses, grads = train(runtime.model, batches, runtime)
+    assert all(torch.equal(a, b) for a, b in zip(ref_losses, losses))
+    assert ref_grads.keys() == grads.keys()
+    for name in ref_grads:
+        assert torch.equal(ref_grads[name], grads[name]), name
+
+    stats = runtime.stats
+    swapped = plan.bytes_with(workload, Action.SWAP)
+    assert stats.step_d2h_bytes == stats.step_h2d_bytes == swapped
+    assert stats.d2h_bytes == STEPS * swapped
+    assert stats.late_prefetches == 0
+    assert stats.device_saved_bytes == 0
+    assert stats.peak_device_saved_bytes <= runtime.checkpoint_map.predicted_peak_bytes <= plan.budget_bytes
+
+    predicted = sum(workload.ops[workload.op_index[g]].flops for grp in plan.recompute_groups.values() for g in grp)
+    assert predicted > 0
+    assert step_flops(runtime.model, batches[0], runtime) - step_flops(reference, batches[0]) == predicted
+
+
+@pytest.mark.parametrize("kind", sorted(EXAMPLES))
+@pytest.mark.parametrize("plan_kind", sorted(PLANS))
+def test_module_aligned_plan_runs_as_planned_under_checkpoint(profiled, kind, plan_kind):
+    base, batches, workload = profiled(kind)
+    plan = budgeted_plan(workload, PLANS[plan_kind](workload), plan_kind)
+    if plan_kind == "mixed":
+        assert all(plan.count(a) for a in Action), "the mixed plan keeps, swaps and recomputes"
+    runtime = slackswap.apply(copy.deepcopy(base), plan, backend="checkpoint", workload=workload, hardware=HW)
+    cmap = runtime.checkpoint_map
+    assert cmap.faithful
+    # One region per block; each is rebuilt at the step of its first unpack.
+    blocks = sorted({_block(c) for c in workload.meta["op_calls"] if _block(c)})
+    assert [r.call for r in cmap.regions] == blocks
+    check_runs_as_planned(base, batches, workload, plan, runtime)
+    n = len(workload.ops)
+    assert runtime.manager.group_steps == sorted(n - 1 - r.trigger for r in cmap.regions)
+    if plan_kind == "mixed":
+        # Each block's input is swapped through our hooks around the checkpointed call.
+        args = {a for r in cmap.regions for a in workload.meta["call_args"][r.call] if a}
+        assert args and all(plan.actions[a] is Action.SWAP for a in args)
+
+
+def test_planner_full_recompute_plan_runs_under_checkpoint(profiled):
+    base, batches, workload = profiled("gpt2")
+    plan = slackswap.plan(workload, HW, budget=0.7, policy="full-recompute")
+    runtime = slackswap.apply(copy.deepcopy(base), plan, backend="checkpoint", workload=workload)
+    check_runs_as_planned(base, batches, workload, plan, runtime)
+
+
+def attention_swapped_actions(workload) -> dict:
+    """Recompute the MLPs, swap what the attention saves: a swap inside a block."""
+    calls = workload.meta["op_calls"]
+    actions = {}
+    for t in workload.saved_tensors:
+        if t.producer is None:
+            continue
+        where = calls[workload.op_index[t.producer]].split(".")
+        readers = [calls[workload.op_index[r]].split(".") for r in t.bwd_readers]
+        if "mlp" in where and all("mlp" in r for r in readers):
+            actions[t.name] = Action.RECOMPUTE
+        elif "attn" in where:
+            actions[t.name] = Action.SWAP
+    return actions
+
+
+def test_plan_that_swaps_inside_a_checkpointed_call_is_refused_before_any_step(profiled):
+    base, _, workload = profiled("gpt2")
+    # Recompute the rest of block 0 as well: its attention swaps then sit inside that checkpointed call.
+    actions = {k: v for k, v in block_actions(workload, Action.KEEP).items() if k.startswith("h.0.")}
+    actions.update(attention_swapped_actions(workload))
+    plan = budgeted_plan(workload, actions, "swap-inside")
+    model = copy.deepcopy(base)
+    with pytest.raises(CheckpointBackendError) as info:
+        slackswap.apply(model, plan, backend="checkpoint", workload=workload)
+    message = str(info.value)
+    assert "\n" not in message and "planned swap" in message and 'backend="replay"' in message
+    assert isinstance(info.value, SlackswapError)
+    # Nothing was installed and nothing ran; the replay backend runs the same plan.
+    assert not any("forward" in m.__dict__ for m in model.modules())
+    assert all(p.grad is None for p in model.parameters())
+    assert slackswap.apply(model, plan, workload=workload).execution.aligned
+
+
+@pytest.mark.parametrize("kind,reason", [("gpt2", "re-run"), ("llama", "budget")])
+def test_planner_plans_that_checkpoint_cannot_run_exactly_are_refused(profiled, kind, reason):
+    """slackswap at 50%: on GPT-2-like a region would re-run dropout ops the plan keeps (checkpoint
+    restores the RNG at the region's start, so every random op in front of a re-run one draws
+    again); on Llama-like, rebuilding each region at its first unpack holds more than the budget."""
+    base, _, workload = profiled(kind)
+    plan = slackswap.plan(workload, HW, budget=0.5, policy="slackswap")
+    cmap = build_checkpoint_map(workload, plan, HW)
+    assert not cmap.faithful and reason in cmap.notes[0]
+    with pytest.raises(CheckpointBackendError, match=reason):
+        slackswap.apply(copy.deepcopy(base), plan, backend="checkpoint", workload=workload)
+
+
+def test_budget_refusal_names_the_bytes(profiled):
+    base, _, workload = profiled("llama")
+    plan = budgeted_plan(workload, PLANS["blocks"](workload), "blocks")
+    predicted = build_checkpoint_map(workload, plan, HW).predicted_peak_bytes
+    tight = dataclasses.replace(plan, budget_bytes=predicted - 1)
+    with pytest.raises(CheckpointBackendError, match=f"hold {predicted} bytes .* budget of {predicted - 1} bytes"):
+        slackswap.apply(copy.deepcopy(base), tight, backend="checkpoint", workload=workload, hardware=HW)
+
+
+def test_unknown_backend_and_misplaced_hardware_are_errors(profiled):
+    base, _, workload = profiled("llama")
+    plan = make_plan(workload, {}, policy="keep", budget_bytes=None)
+    with pytest.raises(ValidationError, match="unknown runtime backend 'sac'"):
+        slackswap.apply(base, plan, backend="sac", workload=workload)
+    with pytest.raises(ValidationError, match="checkpoint"):
+        slackswap.apply(base, plan, workload=workload, hardware=HW)
