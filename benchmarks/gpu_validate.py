@@ -6,9 +6,11 @@
    (CUDA events) and the activation peak (torch.cuda.max_memory_allocated during the step,
    minus what was allocated before it).
 2. Measure host<->device bandwidth with pinned buffers and make a Hardware from it.
-3. Profile the step (slackswap.profile), plan at 50% of the simulated unconstrained peak with
-   `slackswap` and with `full-recompute`, run each plan, and print measured against simulated
-   step time and peak, the swap manager's counters, and the loss difference from plain training.
+3. Profile the step (slackswap.profile), plan with slackswap.plan at 50% of the simulated
+   unconstrained peak with `slackswap` and with `full-recompute`, run each plan with both runtime
+   backends (replay, and checkpoint where it accepts the plan; a refused plan prints why), and print
+   measured against simulated step time and peak, the swap manager's counters, and the loss
+   difference from plain training.
 
 Exits with code 2 and one line on stderr when CUDA is not available.
 """
@@ -45,12 +47,11 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
 
-    from slackswap import Action, InfeasiblePlanError, get_hardware, simulate
+    import slackswap
+    from slackswap import Action, get_hardware, simulate
     from slackswap.examples import ExampleConfig, loss_fn, make_batch, make_example
-    from slackswap.planners import plan_workload
     from slackswap.profiler import profile_model
-    from slackswap.runtime import apply_plan, build_execution_map, runtime_prefetch_steps
-    from slackswap.schedule import make_plan
+    from slackswap.runtime import CheckpointBackendError, build_execution_map
     from slackswap.sim import simulate_ideal
     from slackswap.units import GB, format_bytes, format_seconds
 
@@ -128,43 +129,48 @@ def main(argv=None) -> int:
     rows = [("plain", ideal_time, sim_ideal.step_time_s, ideal_peak, sim_ideal.peak_memory_bytes, 0, 0, 0, 0.0, "")]
     for policy in ("slackswap", "full-recompute"):
         try:
-            planned = plan_workload(workload, hardware, budget, policy)
+            # slackswap.plan records, for a profiled workload, the step at which the simulation starts
+            # each copy back (plan.info["copy_in_start_step"]); the runtime issues each copy then.
+            plan = slackswap.plan(workload, hardware, budget=args.budget, policy=policy)
         except Exception as exc:  # report and go on: one policy failing must not hide the other
             print(f"{policy}: planning failed: {type(exc).__name__}: {exc}")
             continue
-        steps = runtime_prefetch_steps(workload, planned)
-        merged = {k: min(v, planned.prefetch_step.get(k, v)) for k, v in steps.items()}
-        plan = dataclasses.replace(
-            make_plan(workload, planned.actions, policy=policy, budget_bytes=budget, prefetch_step=merged),
-            info=planned.info)
         emap = build_execution_map(workload, plan)
-        try:
-            sim = simulate(workload, hardware, plan)
-        except InfeasiblePlanError:
-            # The runtime's earlier prefetches can need more than the budget in the simulator:
-            # simulate without a limit and say so in the note.
-            sim = simulate(workload, hardware, plan, budget_bytes=2**62)
-            emap = dataclasses.replace(emap, notes=emap.notes + ("simulated without a budget limit",))
-        m = copy.deepcopy(model)
-        runtime = apply_plan(m, plan, workload)
-        step_time, peak, losses = run_steps(m, runtime)
-        diff = max(abs(a - b) for a, b in zip(ideal_losses, losses))
-        s = runtime.stats
+        sim = simulate(workload, hardware, plan)
         counts = "/".join(str(plan.count(a)) for a in Action)
-        rows.append((policy, step_time, sim.step_time_s, peak, sim.peak_memory_bytes, s.step_d2h_bytes,
-                     s.peak_device_saved_bytes, s.late_prefetches, diff,
-                     f"keep/swap/recompute {counts}; " + ("exact" if emap.aligned else "; ".join(emap.notes))))
-        del m, runtime
-        torch.cuda.empty_cache()
+        for backend in ("replay", "checkpoint"):
+            label = f"{policy}/{backend}"
+            m = copy.deepcopy(model)
+            try:
+                runtime = slackswap.apply(m, plan, workload=workload, backend=backend,
+                                          **({"hardware": hardware} if backend == "checkpoint" else {}))
+            except CheckpointBackendError as exc:
+                print(f"{label}: not run: {exc}")
+                continue
+            step_time, peak, losses = run_steps(m, runtime)
+            diff = max(abs(a - b) for a, b in zip(ideal_losses, losses))
+            s = runtime.stats
+            exact = emap.aligned if backend == "replay" else runtime.checkpoint_map.faithful
+            sim_time, sim_peak = sim.step_time_s, sim.peak_memory_bytes
+            if backend == "checkpoint":
+                # Checkpoint rebuilds each region at its first unpack: simulate that schedule.
+                cmap = runtime.checkpoint_map
+                sim_time = simulate(workload, hardware, cmap.simulated_plan, budget_bytes=2**62, check=False).step_time_s
+                sim_peak = cmap.predicted_peak_bytes
+            rows.append((label, step_time, sim_time, peak, sim_peak, s.step_d2h_bytes,
+                         s.peak_device_saved_bytes, s.late_prefetches, diff,
+                         f"keep/swap/recompute {counts}; " + ("exact" if exact else "; ".join(emap.notes))))
+            del m, runtime
+            torch.cuda.empty_cache()
 
     print()
-    print(f"{'config':16} {'step meas.':>11} {'step sim.':>11} {'peak meas.':>12} {'peak sim.':>12} "
+    print(f"{'config':26} {'step meas.':>11} {'step sim.':>11} {'peak meas.':>12} {'peak sim.':>12} "
           f"{'d2h/step':>11} {'mgr peak':>11} {'late':>5} {'max dloss':>9}")
     for name, t, ts, p, ps, d2h, mp, late, diff, note in rows:
-        print(f"{name:16} {format_seconds(t):>11} {format_seconds(ts):>11} {format_bytes(p):>12} {format_bytes(ps):>12} "
+        print(f"{name:26} {format_seconds(t):>11} {format_seconds(ts):>11} {format_bytes(p):>12} {format_bytes(ps):>12} "
               f"{format_bytes(d2h):>11} {format_bytes(mp):>11} {late:>5} {diff:>9.2e}")
         if note:
-            print(f"{'':16} {note}")
+            print(f"{'':26} {note}")
     print(f"\npeak meas. = torch.cuda.max_memory_allocated during the step minus memory allocated before it; "
           f"peak sim. counts saved activations only. Total wall time {time.perf_counter() - started:.0f} s.")
     return 0
