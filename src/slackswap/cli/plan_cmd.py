@@ -6,7 +6,7 @@ from ..planners import DEFAULT_POLICY, PLANNERS, plan_workload
 from ..sim import simulate, simulate_ideal
 from ..units import format_bytes, format_seconds
 from .common import (
-    add_budget_arg, add_hardware_arg, add_workload_args, load_hardware, load_workload, parse_budget, print_json,
+    add_budget_arg, add_hardware_arg, add_workload_args, check_output_paths, load_hardware, load_workload, parse_budget, print_json,
 )
 
 
@@ -24,6 +24,7 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    check_output_paths(args.out)
     hardware = load_hardware(args)
     workload = load_workload(args, hardware)
     ideal = simulate_ideal(workload, hardware)
