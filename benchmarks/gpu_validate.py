@@ -155,7 +155,8 @@ def main(argv=None) -> int:
             if backend == "checkpoint":
                 # Checkpoint rebuilds each region at its first unpack: simulate that schedule.
                 cmap = runtime.checkpoint_map
-                sim_time = simulate(workload, hardware, cmap.simulated_plan, budget_bytes=2**62, check=False).step_time_s
+                sim_time = simulate(workload, hardware, cmap.simulated_plan, budget_bytes=2**62,
+                                    check=False).step_time_s
                 sim_peak = cmap.predicted_peak_bytes
             rows.append((label, step_time, sim_time, peak, sim_peak, s.step_d2h_bytes,
                          s.peak_device_saved_bytes, s.late_prefetches, diff,
@@ -167,7 +168,8 @@ def main(argv=None) -> int:
     print(f"{'config':26} {'step meas.':>11} {'step sim.':>11} {'peak meas.':>12} {'peak sim.':>12} "
           f"{'d2h/step':>11} {'mgr peak':>11} {'late':>5} {'max dloss':>9}")
     for name, t, ts, p, ps, d2h, mp, late, diff, note in rows:
-        print(f"{name:26} {format_seconds(t):>11} {format_seconds(ts):>11} {format_bytes(p):>12} {format_bytes(ps):>12} "
+        print(f"{name:26} {format_seconds(t):>11} {format_seconds(ts):>11} {format_bytes(p):>12} "
+              f"{format_bytes(ps):>12} "
               f"{format_bytes(d2h):>11} {format_bytes(mp):>11} {late:>5} {diff:>9.2e}")
         if note:
             print(f"{'':26} {note}")

@@ -153,7 +153,8 @@ def build_checkpoint_map(workload: Workload, plan: Plan, hardware=None) -> Check
         trigger = max(index[row[2]] for row in rows)
         # A tensor some later op writes into (a new version of its storage): SAC refuses a cached entry
         # that was mutated, so its producer must re-run.
-        overwritten = {inp for i in range(members[0], n) for out in ops[i].outputs if out.rsplit(":", 1)[-1].startswith("w")
+        overwritten = {inp for i in range(members[0], n) for out in ops[i].outputs
+                       if out.rsplit(":", 1)[-1].startswith("w")
                        for inp in ops[i].inputs if by_name[inp].size_bytes == by_name[out].size_bytes}
         recompute: list[bool] = []
         for i in members:
@@ -165,10 +166,11 @@ def build_checkpoint_map(workload: Workload, plan: Plan, hardware=None) -> Check
             recompute.append(rerun)
         # Random ops re-draw from the RNG state saved at the region's start: every random op in front of a
         # re-run one must run again too.
-        rerun_random = [j for j, i in enumerate(members) if recompute[j] and i <= stop and aten_name(ops[i].name) in RANDOM_OPS]
+        random = [aten_name(ops[i].name) in RANDOM_OPS for i in members]
+        rerun_random = [j for j, i in enumerate(members) if recompute[j] and i <= stop and random[j]]
         if rerun_random:
-            for j, i in enumerate(members):
-                if j < rerun_random[-1] and aten_name(ops[i].name) in RANDOM_OPS:
+            for j in range(len(members)):
+                if j < rerun_random[-1] and random[j]:
                     recompute[j] = True
         rerun = tuple(i for j, i in enumerate(members) if recompute[j] and i <= stop)
         cached, rebuilt, transient = [], [], 0
