@@ -34,6 +34,8 @@ from slackswap import Action, get_hardware, make_plan, simulate  # noqa: E402
 from slackswap.examples import loss_fn, make_batch, make_example  # noqa: E402
 from slackswap.profiler import profile_model  # noqa: E402
 from slackswap.runtime import runtime_prefetch_steps  # noqa: E402
+from slackswap.errors import RuntimeFallbackWarning, RuntimeMemoryError, StaleStepError  # noqa: E402
+from slackswap.runtime.replay import ForwardRecorder  # noqa: E402
 from slackswap.runtime.swap import SwapManager  # noqa: E402
 
 HW = get_hardware("a100-80gb-pcie4")
@@ -49,10 +51,10 @@ def gpt2():
 
 
 def plan_for(workload, how: str):
-    """'swap': swap every tensor that can be; 'mixed': alternate swap, recompute and keep."""
+    """'swap' / 'recompute': every tensor that can be; 'mixed': alternate swap and keep."""
     candidates = [t.name for t in workload.saved_tensors if t.producer is not None]
-    if how == "swap":
-        actions = {name: Action.SWAP for name in candidates}
+    if how in ("swap", "recompute"):
+        actions = {name: Action(how) for name in candidates}
     else:
         cycle = (Action.SWAP, Action.KEEP, Action.SWAP)
         actions = {name: cycle[i % 3] for i, name in enumerate(candidates)}
@@ -201,65 +203,149 @@ def test_apply_can_be_entered_again_after_an_error(gpt2):
     assert_same(expected, one_step(model, batches[0], runtime))
 
 
-# ---- what the runtime does not do yet (strict xfails, reported) ----------------------------------
+# ---- failures: the host pool, device memory, a failed step (docs/runtime.md, Failures) --------------
 
-@pytest.mark.xfail(strict=True, reason=(
-    "runtime/swap.py: SwapManager._pool allocates the pinned host buffer with torch.empty(pin_memory=...) "
-    "inside the first pack hook; when that fails the RuntimeError escapes mid-forward. Issue 6 asks for a "
-    "message and a fallback (keep or recompute the swapped tensors) (reported)"))
+def fallback_warnings(caught):
+    return [w for w in caught if issubclass(w.category, RuntimeFallbackWarning)]
+
+
 def test_pinned_pool_failure_falls_back_instead_of_crashing(gpt2, monkeypatch):
     base, batches, workload = gpt2
     plan = plan_for(workload, "swap")
     planned = copy.deepcopy(base)
-    expected = one_step(copy.deepcopy(base), batches[0])
+    expected = [one_step(copy.deepcopy(base), batches[0]), one_step(copy.deepcopy(base), batches[1])]
+    attempts = []
 
     def no_pinned_memory(self):
+        attempts.append(1)
         raise RuntimeError("CUDA error: out of memory (cudaHostAlloc of the pinned pool)")
 
     monkeypatch.setattr(SwapManager, "_pool", no_pinned_memory)
     runtime = slackswap.apply(planned, plan, workload=workload)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
+        got = [one_step(planned, batches[0], runtime), one_step(planned, batches[1], runtime)]
+    for e, g in zip(expected, got):
+        assert_same(e, g)
+    swapped = [name for name, action in plan.actions.items() if action is Action.SWAP]
+    size = {t.name: t.size_bytes for t in workload.tensors}
+    swapped_bytes = sum(size[name] for name in swapped)
+    (warning,) = fallback_warnings(caught)  # once, not once per step or per tensor
+    message = str(warning.message)
+    assert "\n" not in message
+    assert "pinned" in message or "host pool" in message
+    assert str(runtime.manager.pool_bytes) in message and "keeping" in message and "cudaHostAlloc" in message
+    stats = runtime.stats
+    assert len(attempts) == 1 and stats.host_pool_failures == 1 and stats.host_pool_allocations == 0
+    assert stats.fallback_kept_tensors == 2 * len(swapped)
+    assert stats.fallback_kept_bytes == 2 * swapped_bytes and stats.step_fallback_kept_bytes == swapped_bytes
+    assert stats.d2h_bytes == 0 and stats.h2d_bytes == 0
+    # kept like a keep plan: the manager held every swapped byte on the device at once
+    assert stats.step_peak_device_saved_bytes >= swapped_bytes
+    gc.collect()
+    assert stats.device_saved_bytes == 0
+
+
+def test_a_real_allocation_failure_of_the_pool_falls_back(gpt2):
+    """No patched allocator: torch itself refuses a pool larger than the address space."""
+    base, batches, workload = gpt2
+    plan = plan_for(workload, "mixed")
+    planned = copy.deepcopy(base)
+    expected = one_step(copy.deepcopy(base), batches[0])
+    runtime = slackswap.apply(planned, plan, workload=workload)
+    runtime.manager.pool_bytes = 1 << 60
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         got = one_step(planned, batches[0], runtime)
     assert_same(expected, got)
-    assert any("pinned" in str(w.message) for w in caught), "the fallback must say what happened"
+    (warning,) = fallback_warnings(caught)
+    assert str(1 << 60) in str(warning.message)
+    assert runtime.stats.host_pool_failures == 1
+    assert runtime.stats.fallback_kept_tensors == len({n for n, a in plan.actions.items() if a is Action.SWAP})
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "runtime/swap.py: a device out-of-memory inside the runtime (copy back or recompute) escapes as torch's "
-    "own OutOfMemoryError, which names neither the planned tensor nor the plan's budget (reported)"))
-def test_device_oom_names_the_tensor_and_the_bytes(gpt2, monkeypatch):
+def test_device_oom_in_a_copy_back_names_the_tensor_and_the_bytes(gpt2, monkeypatch):
     base, batches, workload = gpt2
     plan = plan_for(workload, "swap")
     planned = copy.deepcopy(base)
+    expected = one_step(copy.deepcopy(base), batches[0])
     real_copy_in = SwapManager._copy_in
     victim = {}
 
     def out_of_memory(self, state):
         victim.setdefault("name", state.name)
         victim.setdefault("size", state.size)
+        victim.setdefault("held", self.stats.device_saved_bytes)
         raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {state.size} bytes")
 
     monkeypatch.setattr(SwapManager, "_copy_in", out_of_memory)
     runtime = slackswap.apply(planned, plan, workload=workload)
-    with pytest.raises(Exception) as info:
+    with pytest.raises(RuntimeMemoryError) as info:
         one_step(planned, batches[0], runtime)
     monkeypatch.setattr(SwapManager, "_copy_in", real_copy_in)
-    message = str(info.value)
-    assert victim["name"] in message and str(victim["size"]) in message and "budget" in message
+    error = info.value
+    message = str(error)
+    assert "\n" not in message and isinstance(error.__cause__, torch.OutOfMemoryError)
+    assert repr(victim["name"]) in message and f"({victim['size']} bytes)" in message
+    assert f"holds {victim['held']} bytes" in message and f"budget is {plan.budget_bytes} bytes" in message
+    assert (error.tensor, error.size_bytes, error.budget_bytes) == (victim["name"], victim["size"], plan.budget_bytes)
+    gc.collect()
+    assert runtime.manager.pool is None and runtime.stats.device_saved_bytes == 0
+    assert_same(expected, one_step(planned, batches[0], runtime))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "runtime/apply.py: PlanRuntime.__exit__ leaves SwapManager.pool allocated after a step that raised; "
-    "issue 6 asks that an exception leave the pool released (reported)"))
+def test_device_oom_in_a_recompute_names_the_rebuilt_tensor(gpt2, monkeypatch):
+    base, batches, workload = gpt2
+    plan = plan_for(workload, "recompute")
+    planned = copy.deepcopy(base)
+    expected = one_step(copy.deepcopy(base), batches[0])
+    real_record = ForwardRecorder._record
+
+    def record(self, i, func, args, kwargs):
+        recipe = real_record(self, i, func, args, kwargs)
+
+        def out_of_memory(*a, **k):  # only the replay calls the recipe's op
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB")
+
+        recipe.func = out_of_memory
+        return recipe
+
+    monkeypatch.setattr(ForwardRecorder, "_record", record)
+    runtime = slackswap.apply(planned, plan, workload=workload)
+    with pytest.raises(RuntimeMemoryError) as info:
+        one_step(planned, batches[0], runtime)
+    monkeypatch.setattr(ForwardRecorder, "_record", real_record)
+    error = info.value
+    # backward reaches the group of the last reader first, and the group's first op fails
+    first_group = plan.recompute_groups[max(plan.recompute_groups, key=workload.op_index.get)]
+    rebuilt_by_first_op = workload.ops[workload.op_index[first_group[0]]].outputs
+    size = {t.name: t.size_bytes for t in workload.tensors}
+    assert error.tensor in rebuilt_by_first_op and error.size_bytes == size[error.tensor] > 0
+    assert repr(error.tensor) in str(error) and "rebuilding" in str(error) and "budget" in str(error)
+    assert isinstance(error.__cause__, torch.OutOfMemoryError)
+    gc.collect()
+    assert runtime.stats.device_saved_bytes == 0
+    assert_same(expected, one_step(planned, batches[0], runtime))
+
+
 def test_a_failed_step_releases_the_pool(gpt2):
     base, batches, workload = gpt2
     plan = plan_for(workload, "swap")
     model = copy.deepcopy(base)
+    expected = one_step(copy.deepcopy(base), batches[0])
     runtime = slackswap.apply(model, plan, workload=workload)
+    assert_same(expected, one_step(model, batches[0], runtime))
+    assert runtime.manager.pool is not None and runtime.stats.host_pool_allocations == 1
     with pytest.raises(UserBug):
         with runtime:
-            loss_fn(model, batches[0])
+            loss = loss_fn(model, batches[0])  # every swap copied out into the pool
             raise UserBug
+    assert runtime.manager.pool is None and runtime.stats.host_pool_bytes == 0
+    assert runtime.stats.host_pool_releases == 1 and runtime.stats.device_saved_bytes == 0
+    # the abandoned graph cannot read memory the next step reuses: a clear error, not a wrong gradient
+    with pytest.raises(StaleStepError, match="abandoned"):
+        loss.backward()
+    del loss
     gc.collect()
-    assert runtime.manager.pool is None
+    assert_same(expected, one_step(model, batches[0], runtime))
+    assert runtime.stats.host_pool_allocations == 2 and runtime.manager.pool is not None

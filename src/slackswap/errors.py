@@ -40,6 +40,26 @@ class PlanMismatchError(SlackswapError):
     """A plan was made for another workload (or another version of the model)."""
 
 
+class RuntimeMemoryError(SlackswapError):
+    """The device ran out of memory inside the runtime (a copy back or a recompute) under a plan."""
+
+    def __init__(self, message: str, *, tensor: str, size_bytes: int, held_bytes: int,
+                 budget_bytes: int | None) -> None:
+        super().__init__(message)
+        self.tensor = tensor
+        self.size_bytes = size_bytes
+        self.held_bytes = held_bytes
+        self.budget_bytes = budget_bytes
+
+
+class StaleStepError(SlackswapError):
+    """Backward reached a saved tensor of a step the runtime has abandoned or replaced."""
+
+
+class RuntimeFallbackWarning(UserWarning):
+    """The runtime could not run part of the plan as planned and did something safe instead."""
+
+
 class OutputPathError(SlackswapError):
     """An output file that cannot be written (missing directory, a directory, no permission)."""
 

@@ -77,6 +77,11 @@ class PlanRuntime:
         self._post.remove()
         self._pre.remove()
         self._active = False
+        if exc[0] is not None:
+            # The step failed: release the host pool and what the step holds (docs/runtime.md, Failures).
+            self.manager.abandon_step()
+            self.recorder.begin_step()
+            self.recorder.i = self.recorder.n
 
     def _begin_step(self, module, args) -> None:
         if torch.is_grad_enabled():

@@ -129,7 +129,8 @@ class ForwardRecorder:
                     self.hooked.add(id(node))
                     step = self.n - 1 - i
                     manager = self.manager
-                    node.register_prehook(lambda grads, step=step: manager.begin_backward_step(step))
+                    node.register_prehook(lambda grads, step=step, generation=manager.generation: (
+                        manager.begin_backward_step(step) if manager.generation == generation else None))
                 return
 
     # ---- ops --------------------------------------------------------------------------------

@@ -22,17 +22,25 @@ plan says, on the plan's schedule.
   ``prefetch_step`` has come, as long as they fit the plan's budget by the manager's count (a
   copy that does not fit waits for a later step, as the simulator's copy waits for memory).
   A tensor read before its copy back was issued is fetched at once: ``late_prefetches``.
+* Failures (docs/runtime.md, Failures): when the host pool cannot be allocated, the step's
+  swapped tensors are kept on the device instead (one RuntimeFallbackWarning, counted in the
+  stats); a device out-of-memory in a copy back or a recompute is a RuntimeMemoryError naming
+  the tensor and the bytes; ``abandon_step`` (called when the runtime's context exits with an
+  exception) waits for copies in flight, forgets the step and releases the pool, and saved
+  tensors of an abandoned step are refused at unpack rather than read from reused memory.
 """
 
 from __future__ import annotations
 
+import warnings
 import weakref
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from ..errors import PlanMismatchError
+from ..errors import PlanMismatchError, RuntimeFallbackWarning, RuntimeMemoryError, StaleStepError
 from ..plans import Action, Plan
 from ..schedule import first_use_step
 from ..workload import Workload
@@ -60,7 +68,16 @@ class RuntimeStats:
     prefetch_waits: int = 0
     """Copies back issued after their planned step because the budget had no room at it."""
     host_pool_bytes: int = 0
+    """Size of the host pool allocated now (0 before the first swap, after a failed allocation or a release)."""
     host_pool_allocations: int = 0
+    host_pool_failures: int = 0
+    """Host pool allocations that failed (each one makes its step keep the swapped tensors)."""
+    host_pool_releases: int = 0
+    """Pools released because a step was abandoned (an exception left the runtime's context)."""
+    fallback_kept_bytes: int = 0
+    """Bytes the plan swaps that were kept on the device instead because the host pool was missing."""
+    step_fallback_kept_bytes: int = 0
+    fallback_kept_tensors: int = 0
     packs: int = 0
 
 
@@ -109,6 +126,8 @@ class SwapManager:
             offset += -(-self.size[name] // _ALIGN) * _ALIGN
         self.pool_bytes = offset
         self.pool: torch.Tensor | None = None
+        self.pool_error: str | None = None
+        """Why the host pool could not be allocated; set once, after which swaps are kept."""
         self.slot_h2d_event: dict[str, object] = {}
         production = {t.name: i for i, t in enumerate(workload.saved_tensors)}
         self.h2d_order = sorted(swapped, key=lambda s: (plan.prefetch_step.get(s, 0), first_use_step(workload, s),
@@ -127,6 +146,7 @@ class SwapManager:
 
     # ---- step boundaries ------------------------------------------------------------------
     def _begin(self) -> None:
+        self.generation = getattr(self, "generation", 0) + 1  # clock hooks of older steps' graphs ignore this one
         self.pos = 0
         self.states: dict[str, _State] = {}
         self.issued: set[str] = set()
@@ -149,6 +169,7 @@ class SwapManager:
         self.stats.step_d2h_bytes = 0
         self.stats.step_h2d_bytes = 0
         self.stats.step_recompute_ops = 0
+        self.stats.step_fallback_kept_bytes = 0
         # What an earlier step still counts (a backward that never ran) is gone with its graph.
         for name in list(self.rebuilt):
             self._drop_rebuilt(name)
@@ -156,6 +177,28 @@ class SwapManager:
             self._uncount(state)
         self.stats.step_peak_device_saved_bytes = self.stats.device_saved_bytes
         self._begin()
+
+    def abandon_step(self) -> None:
+        """Forget the running step after an exception: wait for the copies in flight, stop counting
+        what the step holds, release the host pool (the next step allocates it again). Handles of
+        the abandoned step left in a graph are refused at unpack (StaleStepError)."""
+        if self.cuda:
+            for state in self.states.values():
+                for event in (state.d2h_event, state.h2d_event):
+                    if event is not None:
+                        event.synchronize()
+        for name in list(self.rebuilt):
+            self._drop_rebuilt(name)
+        for state in self.states.values():
+            self._uncount(state)
+            state.storage = None
+            state.restored = None
+        self._begin()
+        self.slot_h2d_event = {}
+        if self.pool is not None:
+            self.pool = None
+            self.stats.host_pool_bytes = 0
+            self.stats.host_pool_releases += 1
 
     # ---- accounting -------------------------------------------------------------------------
     def _add(self, nbytes: int) -> None:
@@ -204,15 +247,20 @@ class SwapManager:
             if state is None:
                 state = _State(entry.name, entry.action, self.size[entry.name])
                 self.states[entry.name] = state
-                if entry.action is Action.SWAP:
+                if entry.action is Action.SWAP and self._host_pool() is None:
+                    state.action = Action.KEEP  # the fallback: same bytes, never copied (bit-identical)
+                    self.stats.fallback_kept_bytes += state.size
+                    self.stats.step_fallback_kept_bytes += state.size
+                    self.stats.fallback_kept_tensors += 1
+                if state.action is Action.SWAP:
                     self._copy_out(state, t)
-                elif entry.action is Action.KEEP:
+                elif state.action is Action.KEEP:
                     state.storage = storage
                     self._count(state, state.size)
             h = _Handle()
             h.state, h.reader = state, entry.reader
             h.offset, h.shape, h.stride, h.dtype = t.storage_offset(), tuple(t.shape), t.stride(), t.dtype
-            h.tensor = t.detach() if entry.action is Action.KEEP else None
+            h.tensor = t.detach() if state.action is Action.KEEP else None
             state.handles += 1
             weakref.finalize(h, SwapManager._release, weakref.ref(self), state)
             if self.cuda:
@@ -224,12 +272,21 @@ class SwapManager:
     def unpack(self, h):
         if isinstance(h, torch.Tensor):
             return h
+        state = h.state
+        if state.action is Action.KEEP:
+            # Holds its tensor itself, so it is right even in a graph of an abandoned step.
+            if self.states.get(state.name) is state:
+                self.begin_backward_step(self.n - 1 - h.reader)
+            return h.tensor
+        if self.states.get(state.name) is not state:
+            raise StaleStepError(
+                f"slackswap runtime: backward reached saved tensor {state.name!r} ({state.action.value}) of a step "
+                "that was abandoned by an exception or replaced by a newer forward: run backward on the graph of "
+                "the latest forward only, and redo the forward after an error"
+            )
         self.busy = True
         try:
             self.begin_backward_step(self.n - 1 - h.reader)
-            state = h.state
-            if state.action is Action.KEEP:
-                return h.tensor
             storage = self._storage(state.name, {}, reading=True)
             with torch.no_grad():
                 return torch.empty(0, dtype=h.dtype, device=storage.device).set_(storage, h.offset, h.shape, h.stride)
@@ -274,13 +331,13 @@ class SwapManager:
             if self.issue_step[name] > step:
                 return
             state = self.states.get(name)
-            if state is not None and name not in self.issued:
+            if state is not None and state.action is Action.SWAP and name not in self.issued:
                 if self.budget is not None and self.stats.device_saved_bytes + state.size > self.budget:
                     if name not in self.waiting:
                         self.waiting.add(name)
                         self.stats.prefetch_waits += 1
                     return  # waits for memory, like the simulator's in-order copy stream
-                self._copy_in(state)
+                self._fetch(state)
             self.h2d_next += 1
 
     # ---- recompute ------------------------------------------------------------------------
@@ -298,7 +355,7 @@ class SwapManager:
             if name not in self.issued:
                 if reading:
                     self.stats.late_prefetches += 1
-                self._copy_in(state)
+                self._fetch(state)
             if self.cuda:
                 torch.cuda.current_stream(self.device).wait_event(state.h2d_event)
             return state.restored.untyped_storage()
@@ -321,13 +378,16 @@ class SwapManager:
                 if isinstance(item, TensorRef):
                     storage = self._storage(item.name, temps)
                     if pos in recipe.written and item.name not in temps:
-                        storage = storage.clone()  # never write into a tensor something else still holds
+                        with self._naming_oom(item.name, f"copying it for the in-place re-run of {ops[i].name!r}"):
+                            storage = storage.clone()  # never write into a tensor something else still holds
                     with torch.no_grad():
                         item = torch.empty(0, dtype=item.dtype, device=storage.device).set_(
                             storage, item.offset, item.shape, item.stride)
                 flat.append(item)
             args, kwargs = tree_unflatten(flat, recipe.spec)
-            with torch.no_grad():
+            made = [name for name, _, _ in self.sources[i]]
+            target = next((name for name in made if name in self.saved), made[0] if made else ops[i].name)
+            with self._naming_oom(target, f"rebuilding it (re-running {ops[i].name!r})"), torch.no_grad():
                 if recipe.rng is None:
                     out = recipe.func(*args, **kwargs)
                 else:
@@ -352,6 +412,49 @@ class SwapManager:
                 self.rebuilt[name] = temps[name]
             else:
                 self.stats.device_saved_bytes -= self.size[name]
+
+    # ---- failures -----------------------------------------------------------------------
+    @contextmanager
+    def _naming_oom(self, name: str, doing: str):
+        """Turn torch's device out-of-memory into a RuntimeMemoryError that names the planned tensor."""
+        try:
+            yield
+        except torch.OutOfMemoryError as exc:
+            size = self.size.get(name, 0)
+            held = self.stats.device_saved_bytes
+            budget = "the plan has no budget" if self.budget is None else f"the plan's budget is {self.budget} bytes"
+            raise RuntimeMemoryError(
+                f"slackswap runtime: device out of memory at backward step {self.clock} for saved tensor {name!r} "
+                f"({size} bytes) while {doing}; the manager holds {held} bytes of saved tensors on the device and "
+                f"{budget}: leave room for weights, gradients, workspaces and fragmentation by planning with a "
+                "smaller budget",
+                tensor=name, size_bytes=size, held_bytes=held, budget_bytes=self.budget,
+            ) from exc
+
+    def _fetch(self, state: _State) -> None:
+        with self._naming_oom(state.name, "copying it back"):
+            self._copy_in(state)
+
+    def _host_pool(self) -> torch.Tensor | None:
+        """The host pool, or None when it cannot be allocated: then say so once and keep swaps."""
+        if self.pool is not None or self.pool_error is not None:
+            return self.pool
+        try:
+            return self._pool()
+        except RuntimeError as exc:  # torch.OutOfMemoryError and CUDA host-allocation errors alike
+            first_line = (str(exc).strip().splitlines() or [""])[0][:200]
+            self.pool_error = f"{type(exc).__name__}: {first_line}"
+            self.stats.host_pool_failures += 1
+            budget = "" if self.budget is None else f" over the plan's budget of {self.budget} bytes"
+            warnings.warn(
+                f"slackswap runtime: could not allocate the {'pinned ' if self.cuda else ''}host pool of "
+                f"{self.pool_bytes} bytes for {len(self.slots)} swapped tensors ({self.pool_error}); keeping those "
+                f"tensors on the device instead (up to {self.pool_bytes} bytes{budget}; gradients are unchanged) "
+                "for the rest of this runtime: free host memory (pinned memory counts against ulimit -l) and call "
+                "slackswap.apply again",
+                RuntimeFallbackWarning, stacklevel=2,
+            )
+            return None
 
     # ---- copies ------------------------------------------------------------------------
     def _pool(self) -> torch.Tensor:
