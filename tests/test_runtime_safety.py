@@ -342,9 +342,18 @@ def test_a_failed_step_releases_the_pool(gpt2):
             raise UserBug
     assert runtime.manager.pool is None and runtime.stats.host_pool_bytes == 0
     assert runtime.stats.host_pool_releases == 1 and runtime.stats.device_saved_bytes == 0
-    # the abandoned graph cannot read memory the next step reuses: a clear error, not a wrong gradient
-    with pytest.raises(StaleStepError, match="abandoned"):
-        loss.backward()
+    # the abandoned graph cannot read memory the next step reuses: a clear error, not a wrong gradient,
+    # and its backward does not drive the clock of the step that runs now
+    torch.manual_seed(7)
+    model.zero_grad(set_to_none=True)
+    with runtime:
+        current = loss_fn(model, batches[0])
+        with pytest.raises(StaleStepError, match="abandoned"):
+            loss.backward()
+        assert runtime.manager.clock == -1 and runtime.stats.step_h2d_bytes == 0
+        current.backward()
+    assert_same(expected, (current.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    assert runtime.stats.late_prefetches == 0
     del loss
     gc.collect()
     assert_same(expected, one_step(model, batches[0], runtime))
