@@ -22,8 +22,8 @@ plan says, on the plan's schedule.
   ``prefetch_step`` has come, as long as they fit the plan's budget by the manager's count (a
   copy that does not fit waits for a later step, as the simulator's copy waits for memory).
   A tensor read before its copy back was issued is fetched at once: ``late_prefetches``.
-* Failures (docs/runtime.md, Failures): when the host pool cannot be allocated, the step's
-  swapped tensors are kept on the device instead (one RuntimeFallbackWarning, counted in the
+* Failures (docs/runtime.md, Failures): when the host pool cannot be allocated, the tensors
+  the plan swaps are kept on the device from then on (one RuntimeFallbackWarning, counted in the
   stats); a device out-of-memory in a copy back or a recompute is a RuntimeMemoryError naming
   the tensor and the bytes; ``abandon_step`` (called when the runtime's context exits with an
   exception) waits for copies in flight, forgets the step and releases the pool, and saved
@@ -71,7 +71,7 @@ class RuntimeStats:
     """Size of the host pool allocated now (0 before the first swap, after a failed allocation or a release)."""
     host_pool_allocations: int = 0
     host_pool_failures: int = 0
-    """Host pool allocations that failed (each one makes its step keep the swapped tensors)."""
+    """Host pool allocations that failed (at most 1: after it, this manager keeps the tensors the plan swaps)."""
     host_pool_releases: int = 0
     """Pools released because a step was abandoned (an exception left the runtime's context)."""
     fallback_kept_bytes: int = 0
