@@ -54,7 +54,6 @@ MIP_REL_GAP = 1e-4
 MAX_UNITS = 400
 """Decision units above which blocks are grouped (``layer_groups``): per-op decisions on the
 three built-in models are 200-390 units and solve in seconds with the sparse formulation."""
-GIB = float(2**30)
 
 
 def decision_units(facts: Facts, layer_groups: int | None = None) -> list[tuple[str, ...]]:
@@ -125,7 +124,10 @@ def _solve(facts: Facts, hardware: Hardware, units: list[tuple[str, ...]], limit
     w = facts.workload
     n_ops = len(w.ops)
     u_count = len(units)
-    size = [sum(facts.size[t] for t in u) / GIB for u in units]
+    # Bytes in units of the keep-all peak, so that every memory row is of order 1 whatever the
+    # workload's scale (HiGHS's feasibility tolerance is absolute, about 1e-7).
+    scale = float(facts.input_bytes + sum(facts.size[t] for t in facts.candidates))
+    size = [sum(facts.size[t] for t in u) / scale for u in units]
     made = [max(facts.produced_at_s[t] for t in u) for u in units]
     first_use = [min(facts.first_use_s[t] for t in u) for u in units]
     # Op indices of backward readers: memory is counted per backward step (op index).
@@ -180,8 +182,8 @@ def _solve(facts: Facts, hardware: Hardware, units: list[tuple[str, ...]], limit
         held[i] = running
     held[n_ops] = running
     rows.add([(mem_col, 1.0)], 0.0, 0.0)
-    limit = limit_bytes / GIB
-    inputs = facts.input_bytes / GIB
+    limit = limit_bytes / scale
+    inputs = facts.input_bytes / scale
     for i in range(n_ops):
         entries = [(mem_col + i + 1, 1.0), (mem_col + i, -1.0)]
         for u in by_first_reader.get(i, ()):
