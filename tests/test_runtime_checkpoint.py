@@ -217,3 +217,28 @@ def test_unknown_backend_and_misplaced_hardware_are_errors(profiled):
         slackswap.apply(base, plan, backend="sac", workload=workload)
     with pytest.raises(ValidationError, match="checkpoint"):
         slackswap.apply(base, plan, workload=workload, hardware=HW)
+
+
+class _UserBug(Exception):
+    pass
+
+
+def test_a_failed_step_under_checkpoint_releases_the_pool_and_training_goes_on(profiled):
+    base, batches, workload = profiled("gpt2")
+    plan = budgeted_plan(workload, PLANS["mixed"](workload), "mixed")
+    model = copy.deepcopy(base)
+    runtime = slackswap.apply(model, plan, backend="checkpoint", workload=workload, hardware=HW)
+    with runtime:
+        loss_fn(model, batches[0]).backward()
+    model.zero_grad(set_to_none=True)
+    assert runtime.manager.pool is not None
+    with pytest.raises(_UserBug):
+        with runtime:
+            loss_fn(model, batches[0])  # swaps copied out, checkpointed calls hold their arguments
+            raise _UserBug
+    assert runtime.manager.pool is None and runtime.stats.device_saved_bytes == 0
+    # the same runtime trains on, bit for bit like unmodified training
+    expected_losses, expected_grads = train(copy.deepcopy(base), batches)
+    got_losses, got_grads = train(model, batches, runtime)
+    assert all(torch.equal(a, b) for a, b in zip(expected_losses, got_losses))
+    assert all(torch.equal(expected_grads[n], got_grads[n]) for n in expected_grads)

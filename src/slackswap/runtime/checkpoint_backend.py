@@ -89,6 +89,12 @@ class CheckpointSwapManager(SwapManager):
         self.region_held = {}
         super().begin_step()
 
+    def abandon_step(self) -> None:
+        for name in self.region_held:
+            self.stats.device_saved_bytes -= self.size[name]
+        self.region_held = {}
+        super().abandon_step()
+
     def region_forward_done(self, call: str) -> None:
         for name in self.region_cached.get(call, ()):
             if name not in self.region_held:
@@ -172,6 +178,9 @@ class CheckpointRuntime:
             else:
                 del module.forward
         self._active = False
+        if exc[0] is not None:
+            # The step failed: release the host pool and what the step holds, as the replay backend does.
+            self.manager.abandon_step()
 
     def _begin_step(self, module, args) -> None:
         if torch.is_grad_enabled():
