@@ -64,6 +64,10 @@ class OutputPathError(SlackswapError):
     """An output file that cannot be written (missing directory, a directory, no permission)."""
 
 
+class CheckpointBackendError(SlackswapError):
+    """The checkpoint backend cannot run this plan as planned (use backend="replay")."""
+
+
 class MissingExtraError(SlackswapError):
     """An optional dependency is not installed."""
 

@@ -31,14 +31,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from ..errors import SlackswapError
+from ..errors import CheckpointBackendError
 from ..plans import Action, Plan
 from ..workload import Workload
 from .mapping import LOSS_CALL, RANDOM_OPS, ExecutionMap, PackEntry, _meta, aten_name
-
-
-class CheckpointBackendError(SlackswapError):
-    """The checkpoint backend cannot run this plan as planned (use backend="replay")."""
 
 
 @dataclass(frozen=True)
