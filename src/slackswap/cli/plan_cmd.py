@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..report.console import progress_reporter
 from ..planners import DEFAULT_POLICY, PLANNERS, plan_workload
 from ..sim import simulate, simulate_ideal
 from ..units import format_bytes, format_seconds
@@ -29,7 +30,9 @@ def run(args) -> int:
     workload = load_workload(args, hardware)
     ideal = simulate_ideal(workload, hardware)
     budget = parse_budget(args.budget, ideal.peak_memory_bytes)
-    plan = plan_workload(workload, hardware, budget, args.policy)
+    with progress_reporter("plan", quiet=args.quiet) as report:
+        report(0, None, f"{args.policy} for {workload.name}")
+        plan = plan_workload(workload, hardware, budget, args.policy)
     plan.save(args.out, workload)
     if args.quiet:
         return 0

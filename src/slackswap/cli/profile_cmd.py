@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ..errors import SlackswapError, ValidationError, require
 from ..units import format_bytes, format_seconds
+from ..report.console import progress_reporter
 from .common import check_output_paths, print_json
 
 REQUIRED = ("make_model", "make_batch", "loss_fn")
@@ -78,8 +79,10 @@ def run(args) -> int:
     hardware = get_hardware(args.hardware) if args.hardware is not None else None
     model = _call_user(args.file, "make_model()", make_model)
     batch = _call_user(args.file, "make_batch()", make_batch)
-    workload = _call_user(args.file, "loss_fn(model, batch) during profiling", lambda: profile_model(
-        model, batch, loss_fn, hardware=hardware, warmup=args.warmup, repeats=args.repeats))
+    with progress_reporter("profile", quiet=args.quiet) as report:
+        report(0, None, f"{args.warmup} warm-up + {args.repeats} measured steps of {args.file}")
+        workload = _call_user(args.file, "loss_fn(model, batch) during profiling", lambda: profile_model(
+            model, batch, loss_fn, hardware=hardware, warmup=args.warmup, repeats=args.repeats))
     workload.save(args.out)
     if args.quiet:
         return 0

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import sys
 
 from ..experiments.reproduce import run_reproduce
+from ..report.console import progress_reporter
 from ..units import format_bytes, format_seconds
 from .common import check_output_paths, print_json
 
@@ -33,8 +33,10 @@ def run(args) -> int:
         from ..report.html_report import check_report_dir
 
         check_report_dir(args.report)
-    progress = (lambda text: print(f"  {text}", file=sys.stderr)) if sys.stderr.isatty() and not args.quiet else None
-    result = run_reproduce(sensitivity=args.sensitivity, progress=progress)
+    with progress_reporter("reproduce", quiet=args.quiet) as report:
+        stages = iter(range(1_000_000))
+        progress = lambda text: report(next(stages), None, text)  # noqa: E731 - a counter with a label
+        result = run_reproduce(sensitivity=args.sensitivity, progress=progress)
     if args.plot:
         from ..report.plots import plot_reproduce
 
@@ -43,7 +45,10 @@ def run(args) -> int:
         from ..report.html_report import write_report
         from ..report.steps import reproduce_steps
 
-        timelines, workloads, plans = reproduce_steps(result, progress=progress)
+        with progress_reporter("report", quiet=args.quiet) as report:
+            stages = iter(range(1_000_000))
+            timelines, workloads, plans = reproduce_steps(
+                result, progress=lambda text: report(next(stages), None, text))
         write_report(args.report, result, timelines=timelines, workloads=workloads, plans=plans)
     if args.quiet:
         return 0

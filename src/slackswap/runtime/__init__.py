@@ -5,7 +5,8 @@ and ``build_checkpoint_map`` say what each backend will run for each planned act
 
 from __future__ import annotations
 
-from .checkpoint_map import CheckpointBackendError, CheckpointMap, build_checkpoint_map
+from ..errors import CheckpointBackendError
+from .checkpoint_map import CheckpointMap, build_checkpoint_map
 from .mapping import ExecutionMap, build_execution_map, runtime_prefetch_steps
 
 __all__ = ["ExecutionMap", "apply_plan", "build_execution_map", "runtime_prefetch_steps", "PlanRuntime",

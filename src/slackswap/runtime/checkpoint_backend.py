@@ -27,7 +27,8 @@ from ..errors import PlanMismatchError
 from ..plans import Plan
 from ..profiler.tracer import _IGNORED_OPS
 from ..workload import Workload
-from .checkpoint_map import CheckpointBackendError, CheckpointMap, Region, build_checkpoint_map
+from ..errors import CheckpointBackendError
+from .checkpoint_map import CheckpointMap, Region, build_checkpoint_map
 from .replay import ForwardRecorder, RecordingMode
 from .swap import RuntimeStats, SwapManager
 

@@ -31,7 +31,6 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from ..errors import CheckpointBackendError
 from ..plans import Action, Plan
 from ..workload import Workload
 from .mapping import LOSS_CALL, RANDOM_OPS, ExecutionMap, PackEntry, _meta, aten_name
