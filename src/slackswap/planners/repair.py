@@ -44,7 +44,8 @@ def _item(workload: Workload, actions, name: str) -> tuple[str, ...]:
     return tuple(o for o in op.outputs if actions.get(o) is actions[name])
 
 
-def _propose(workload: Workload, hardware: Hardware, current: Candidate, budget_bytes: int):
+def _propose(workload: Workload, hardware: Hardware, current: Candidate, budget_bytes: int,
+             allow_swaps: bool = True):
     facts = facts_for(workload)
     actions = current.plan.actions
     timeline = current.timeline
@@ -97,7 +98,8 @@ def _propose(workload: Workload, hardware: Hardware, current: Candidate, budget_
     # after the peak, which backward's frees may absorb.
     booking = WindowBooking(facts, hardware, swapped)
     by_cost = sorted(recomputed, key=lambda n: (-facts.rebuild_time_s[n], order[n]))
-    for deadline, why in ((facts.forward_time_s, "link has room"), (None, "copy out spills into backward")):
+    for deadline, why in ((facts.forward_time_s, "link has room"), (None, "copy out spills into backward")) \
+            if allow_swaps else ():
         count = 0
         for name in by_cost:
             if count >= PROPOSALS_PER_KIND:
@@ -115,13 +117,16 @@ def _propose(workload: Workload, hardware: Hardware, current: Candidate, budget_
 
 
 def repair(workload: Workload, hardware: Hardware, start: Candidate, budget_bytes: int,
-           *, max_simulations: int = 64, memo: dict | None = None) -> RepairResult:
+           *, max_simulations: int = 64, memo: dict | None = None, allow_swaps: bool = True) -> RepairResult:
+    """Improve ``start`` one simulated change at a time. Without ``allow_swaps`` no change adds a
+    swap, so a recompute-only start stays recompute-only: every plan simulated then makes no
+    copy, and the whole trajectory (and its result) is the same on every link."""
     result = RepairResult(best=start)
     while result.simulations < max_simulations:
         current = result.best
         winner: Candidate | None = None
         winner_why = ""
-        for why, names, action in _propose(workload, hardware, current, budget_bytes):
+        for why, names, action in _propose(workload, hardware, current, budget_bytes, allow_swaps):
             if result.simulations >= max_simulations:
                 break
             actions = dict(current.plan.actions)

@@ -92,11 +92,22 @@ def plan_slackswap(workload: Workload, hardware: Hardware, budget_bytes: int) ->
     families = (("value", orders["value"], False), ("value+spill", orders["value"], True),
                 ("early", orders["early"], False))
     memo: dict = {}
+    initial_need = keep_all_peak_bytes(facts) - budget_bytes
     start = None
     start_order = ""
+    # Rule 6, the link-free floor: the recompute-only family, sized and then repaired without ever
+    # adding a swap. No plan on this path copies anything, so the path and its result are the same
+    # on every link; as a start candidate it bounds the result on any link (docs/planners.md).
+    floor = fit_need(workload, hardware, budget_bytes, initial_need, family([]),
+                     allow_memory_stalls=True, rounds=14, memo=memo)
+    floor_simulations = 0
+    if floor is not None:
+        floor_repair = repair(workload, hardware, floor, budget_bytes, memo=memo, allow_swaps=False)
+        floor, floor_simulations = floor_repair.best, floor_repair.simulations
+        start, start_order = floor, "recompute"
     for label, ranked, spill in families:
         make = family(windowed_swaps(facts, hardware, ranked, spill=spill))
-        found = fit_need(workload, hardware, budget_bytes, keep_all_peak_bytes(facts) - budget_bytes, make,
+        found = fit_need(workload, hardware, budget_bytes, initial_need, make,
                          allow_memory_stalls=True, rounds=14, memo=memo)
         if found is not None and (start is None or found.step_time_s < start.step_time_s):
             start, start_order = found, label
@@ -118,5 +129,5 @@ def plan_slackswap(workload: Workload, hardware: Hardware, budget_bytes: int) ->
     result = repair(workload, hardware, start, budget_bytes, memo=memo)
     return with_info(result.best.plan, rule="windowed swaps + knapsack recompute + simulator repair",
                      start_order=start_order,
-                     repair_moves=result.moves, simulations=result.simulations,
+                     repair_moves=result.moves, simulations=result.simulations + floor_simulations,
                      predicted_step_time_s=result.best.step_time_s)
