@@ -18,6 +18,9 @@ Rules (docs/planners.md explains each with its reason):
    recompute, a recompute into a swap where the link has room, and a recompute or swap
    into a keep where memory has room, one change at a time, keeping a change only if the
    simulated step gets faster, until no single change tried makes it faster.
+6. Link-free floor: the recompute-only family, sized and repaired without adding swaps, is the
+   first start candidate. It makes no copy, so it is the same plan on every link, and the
+   result is never slower than it (docs/planners.md: what this guarantees about more bandwidth).
 """
 
 from __future__ import annotations
