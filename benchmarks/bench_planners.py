@@ -11,8 +11,12 @@ bound, simulated result and solve time are reported beside slackswap.
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import platform
 import statistics
+import subprocess
+import sys
 import time
 
 from slackswap._fields import write_text_atomic
@@ -86,6 +90,42 @@ def optimal_details() -> list[dict]:
     return out
 
 
+_PLAN_IN_A_PROCESS = """
+import json, sys
+from slackswap.hardware import PRESETS
+from slackswap.planners import plan_workload
+from slackswap.sim import simulate, simulate_ideal
+from slackswap.workloads.models import build_model_workload
+hw = PRESETS[sys.argv[1]]
+w = build_model_workload(sys.argv[2], hw)
+budget = int(float(sys.argv[3]) * simulate_ideal(w, hw).peak_memory_bytes)
+plan = plan_workload(w, hw, budget, "optimal")
+info = {k: v for k, v in plan.info.items() if "time_s" not in k or "step" in k}  # wall clock differs
+t = simulate(w, hw, plan, budget)
+print(json.dumps({"plan": plan.to_dict(w) | {"info": info}, "timeline": t.to_dict(),
+                  "solve_s": plan.info["milp_solve_time_s"]}, sort_keys=True))
+"""
+
+
+def repeatability(models=("bert-large", "gpt2-xl"), fraction: float = 0.5) -> list[dict]:
+    """`optimal` twice per model in separate processes with different hash seeds: are the plans and
+    simulated timelines identical (solve wall time aside)?"""
+    out = []
+    for model in models:
+        runs = []
+        for seed in ("1", "2"):
+            env = dict(os.environ, PYTHONHASHSEED=seed)
+            result = subprocess.run([sys.executable, "-c", _PLAN_IN_A_PROCESS, HARDWARE, model, str(fraction)],
+                                    capture_output=True, text=True, env=env, check=True)
+            runs.append(json.loads(result.stdout))
+        same = all(json.dumps(runs[0][k], sort_keys=True) == json.dumps(runs[1][k], sort_keys=True)
+                   for k in ("plan", "timeline"))
+        out.append({"model": model, "fraction": fraction, "identical": same,
+                    "solve_s": [r["solve_s"] for r in runs]})
+        print(f"repeat optimal {model} {fraction}: identical={same} solve {out[-1]['solve_s']}")
+    return out
+
+
 def dominance(tables) -> list[str]:
     """Cells where slackswap is below another heuristic (should be none)."""
     losses = []
@@ -100,7 +140,7 @@ def dominance(tables) -> list[str]:
     return losses
 
 
-def markdown(medians, tables, details, repeats: int) -> str:
+def markdown(medians, tables, details, repeats: int, repeats_optimal: list[dict]) -> str:
     slack_cells = [r["plan_time_s"] for r in tables["llama-7b"] if r["policy"] == "slackswap" and r["fits"]]
     losses = dominance(tables)
     lines = ["# Planner benchmark", "",
@@ -128,6 +168,14 @@ def markdown(medians, tables, details, repeats: int) -> str:
         lines.append(f"| {d['model']} | {d['fraction']:.1f} | {d['units']} | {d['predicted_pct']:.2f} % | "
                      f"{d['bound_pct']:.2f} % | {d['simulated_pct']:.2f} % | {d['slackswap_pct']:.2f} % | "
                      f"{d['simulated_pct'] - d['slackswap_pct']:+.2f} points | {d['solve_s']:.1f} s | {d['rounds']} |")
+    lines += ["", "## optimal repeats exactly", "",
+              "Each model planned twice with `optimal` at the given budget, in separate processes with "
+              "different PYTHONHASHSEED; the plan JSON and the simulated timeline are compared byte for byte "
+              "(the solve's wall time is left out).", "",
+              "| model | budget | plan and timeline identical | solve time, run 1 / run 2 |", "|---|---:|---|---:|"]
+    for r in repeats_optimal:
+        lines.append(f"| {r['model']} | {r['fraction']:.1f} | {'yes' if r['identical'] else 'NO'} | "
+                     f"{r['solve_s'][0]:.1f} s / {r['solve_s'][1]:.1f} s |")
     policies = list(HEURISTICS) + ["slackswap", "optimal"]
     for model, rows in tables.items():
         lines += ["", f"## {model}: throughput (% of ideal) by budget fraction", "",
@@ -150,9 +198,10 @@ def main() -> None:
     medians = time_planning(args.repeats)
     tables = throughput_tables()
     details = optimal_details()
+    repeats_optimal = repeatability()
     for loss in dominance(tables):
         print("LOSS", loss)
-    write_text_atomic(args.out, markdown(medians, tables, details, args.repeats))
+    write_text_atomic(args.out, markdown(medians, tables, details, args.repeats, repeats_optimal))
     print(f"wrote {args.out}")
 
 
