@@ -15,17 +15,30 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 import slackswap  # noqa: E402
 from slackswap import Action, get_hardware, make_plan, simulate  # noqa: E402
 from slackswap.errors import SlackswapError, ValidationError  # noqa: E402
-from slackswap.examples import EXAMPLES, loss_fn, make_batch, make_example  # noqa: E402
-from slackswap.profiler import profile_model  # noqa: E402
+from slackswap.examples import EXAMPLES, loss_fn  # noqa: E402
 from slackswap.runtime import CheckpointBackendError, build_checkpoint_map, runtime_prefetch_steps  # noqa: E402
+from runtime_helpers import profile_cache, step_flops as _step_flops, train as _train  # noqa: E402
 
 HW = get_hardware("a100-80gb-pcie4")
 STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def profiled():
+    return profile_cache(STEPS, HW)
+
+
+def train(model, batches, runtime=None):
+    return _train(model, batches, runtime, seed=1234)
+
+
+def step_flops(model, batch, runtime=None) -> int:
+    return _step_flops(model, batch, runtime, seed=5)
+
 
 
 def _block(call: str) -> str | None:
@@ -58,49 +71,6 @@ def budgeted_plan(workload, actions, policy):
     plan = make_plan(workload, actions, policy=policy, budget_bytes=None,
                      prefetch_step=runtime_prefetch_steps(workload, actions))
     return dataclasses.replace(plan, budget_bytes=simulate(workload, HW, plan).peak_memory_bytes)
-
-
-@pytest.fixture(scope="module")
-def profiled():
-    cache = {}
-
-    def get(kind):
-        if kind not in cache:
-            model = make_example(kind)
-            batches = [make_batch(seed=s) for s in range(STEPS)]
-            cache[kind] = (model, batches, profile_model(model, batches[0], loss_fn, hardware=HW, repeats=1))
-        return cache[kind]
-
-    return get
-
-
-def train(model, batches, runtime=None):
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    torch.manual_seed(1234)  # dropout draws from here
-    losses = []
-    for batch in batches:
-        opt.zero_grad(set_to_none=True)
-        if runtime is None:
-            loss = loss_fn(model, batch)
-            loss.backward()
-        else:
-            with runtime:
-                loss = loss_fn(model, batch)
-                loss.backward()
-        losses.append(loss.detach().clone())
-        opt.step()
-    return losses, {n: p.grad.clone() for n, p in model.named_parameters()}
-
-
-def step_flops(model, batch, runtime=None) -> int:
-    torch.manual_seed(5)
-    with FlopCounterMode(display=False) as counter:
-        if runtime is None:
-            loss_fn(model, batch).backward()
-        else:
-            with runtime:
-                loss_fn(model, batch).backward()
-    return counter.get_total_flops()
 
 
 def check_runs_as_planned(base, batches, workload, plan, runtime):
