@@ -362,18 +362,16 @@ def test_slackswap_counterexample_more_bandwidth_is_slower():
     assert fast <= slow, f"{fast} s at 200 B/s > {slow} s at 20 B/s"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "planners/slackswap.py: at the minimum budget 10x the H2D bandwidth gives 27.027 s instead of 27.0 s: "
-    "the recompute-only plan that fits is reached only from the everything-swapped fallback, which runs only "
-    "when no family fits (reported)"))
 def test_slackswap_second_counterexample_at_the_minimum_budget():
     """Found by test_more_bandwidth_never_slows_slackswap with 500 examples (h2d x10, ideal 26 s).
 
     At the minimum budget (705 B) the only recompute-only plan that fits, {t0, t2, u2}, is not a
     set the knapsack family grows into, and recomputing everything does not fit (744 B). At 20 B/s
     no family fits, so the planner starts from everything swapped and its repair reaches {t0, t2,
-    u2} (27.0 s); at 200 B/s the early family fits with a swap plan that waits 1.03 s for copies,
-    and no single repair move leads to {t0, t2, u2}."""
+    u2} (27.0 s); at 200 B/s the early family fits with a swap plan that waits 1.03 s for copies
+    (27.027 s), and no single repair move leads to {t0, t2, u2}. Fixed by rule 6's peak descent:
+    from recomputing everything, keeping t1 brings the peak to 705 B, and the no-swap repair keeps
+    t3 (27.0 s), the same on both links."""
     ops = [("op0", ["x"], ["t0"], 0.0, 6.0), ("op1", ["t0"], ["t1"], 0.5, 6.0), ("op2", ["t0"], ["t2", "u2"], 1.0, 2.0),
            ("op3", ["x", "t1"], ["t3"], 3.0, 6.0), ("op4", ["x"], ["t4"], 0.5, 1.0)]
     w = _workload(ops, [("x", 48, None, []), ("t0", 100, "op0", ["op0", "op1"]), ("t1", 342, "op1", ["op1", "op3"]),
@@ -389,15 +387,14 @@ def test_slackswap_second_counterexample_at_the_minimum_budget():
     assert slackswap_step_s(w, link(200.0), 705) <= slow
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "planners/repair.py: 221 B gives 17.0 s where 177 B gives 16.95 s: from the everything-swapped start "
-    "the repair at 221 B stops at {t1, t2} recomputed, since neither keep alone is faster there (reported)"))
 def test_slackswap_counterexample_more_budget_is_slower():
     """Found by test_more_budget_never_slows_slackswap with 500 examples (ideal 2.05 s, minimum 177 B).
 
     At both budgets no family fits and the planner starts from everything swapped; at 177 B the
     repair turns t2 and t1 into recomputes and back into keeps (16.95 s), at 221 B it stops after
-    the first two moves (17.0 s), though the 177 B plan also runs in 16.95 s at 221 B."""
+    the first two moves (17.0 s), though the 177 B plan also runs in 16.95 s at 221 B: keeping t2
+    alone ties (17.0 s) and keeping t1 alone is slower (17.45 s). Fixed by rule 5's tie-break: the
+    tie does 0.5 s less recompute, so it is taken, and keeping t1 next gives 16.95 s."""
     w = _workload([("op0", ["x"], ["t0", "u0"], 0.5, 0.0), ("op1", ["x", "t0"], ["t1"], 0.05, 1.0),
                    ("op2", ["x"], ["t2"], 0.5, 0.0)],
                   [("x", 15, None, ["op0", "op1"]), ("t0", 98, "op0", ["op0", "op1"]), ("u0", 51, "op0", ["op0"]),

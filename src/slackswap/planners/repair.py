@@ -14,7 +14,8 @@ action) from one action to another, since re-running an op rebuilds all its outp
   recomputes become keeps (they are rebuilt last in backward, when memory has been freed,
   so the budget may have room for them).
 
-The loop ends when no proposed change makes the step faster, or after
+Between equally fast plans the one with less recompute, then fewer bytes copied, counts as
+better (``_rank``). The loop ends when no proposed change makes the plan better, or after
 ``max_simulations`` simulations (a bound on planning time).
 """
 
@@ -116,6 +117,15 @@ def _propose(workload: Workload, hardware: Hardware, current: Candidate, budget_
     return proposals
 
 
+def _rank(candidate: Candidate) -> tuple[float, float, int]:
+    """What the loop minimizes: the step time, then, between equally fast plans, the recompute
+    time and the bytes copied out. A move that keeps the step time but does less extra work is
+    taken: its timeline has slack the next move can use (a keep that pays off only once another
+    recompute is gone), and the order is strict, so the loop cannot cycle."""
+    t = candidate.timeline
+    return (t.step_time_s, t.recompute_time_s, t.d2h_bytes)
+
+
 def repair(workload: Workload, hardware: Hardware, start: Candidate, budget_bytes: int,
            *, max_simulations: int = 64, memo: dict | None = None, allow_swaps: bool = True) -> RepairResult:
     """Improve ``start`` one simulated change at a time. Without ``allow_swaps`` no change adds a
@@ -134,7 +144,7 @@ def repair(workload: Workload, hardware: Hardware, start: Candidate, budget_byte
             plan = build(workload, hardware, actions, current.plan.policy, budget_bytes)
             cand = evaluate(workload, hardware, plan, budget_bytes, memo)
             result.simulations += 1
-            if cand.fits and cand.step_time_s < current.step_time_s:
+            if cand.fits and _rank(cand) < _rank(current):
                 winner, winner_why = cand, f"{why}: {', '.join(names)}"
                 break  # first improvement: re-read the new timeline before proposing more
         if winner is None:

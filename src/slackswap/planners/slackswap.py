@@ -25,13 +25,15 @@ Rules (docs/planners.md explains each with its reason):
 
 from __future__ import annotations
 
+import math
+
 from ..hardware import Hardware
 from ..plans import Plan
 from ..workload import Workload
 from .common import build, evaluate, facts_for, natural_peak_bytes, policy_cannot_fit, with_info
 from .copies import WindowBooking
 from .repair import repair
-from .selection import actions_for, fit_need, keep_all_peak_bytes, knapsack_min_time
+from .selection import actions_for, fit_need, keep_all_peak_bytes, knapsack_min_time, op_items
 
 POLICY = "slackswap"
 
@@ -71,6 +73,43 @@ def swap_orders(facts) -> dict[str, list[str]]:
     return {"value": value, "early": list(facts.candidates)}
 
 
+def recompute_peak_descent(workload: Workload, hardware: Hardware, budget_bytes: int, memo: dict,
+                           *, max_simulations: int = 64):
+    """Rule 6's second way to a link-free start, for when no knapsack set fits: from recomputing
+    everything, keep one producer's tensors at a time, each round the keep that lowers the
+    unlimited simulated peak most (then the fastest), until the peak is within the budget.
+
+    Rebuilding in backward holds a whole recompute group, so recomputing more can raise the peak
+    (a large tensor re-created next to others); the sets the knapsack grows into then never fit,
+    while keeping such a tensor does. No plan here copies anything: the same on every link."""
+    facts = facts_for(workload)
+    recomputed = list(facts.candidates)
+    current = evaluate(workload, hardware,
+                       build(workload, hardware, actions_for(recompute=recomputed), POLICY, budget_bytes),
+                       math.inf, memo)
+    simulations = 1
+    while current.timeline.peak_memory_bytes > budget_bytes and simulations < max_simulations:
+        best = None
+        for item in op_items(facts, recomputed):
+            if simulations >= max_simulations:
+                break
+            kept = set(item)
+            rest = [n for n in recomputed if n not in kept]
+            cand = evaluate(workload, hardware,
+                            build(workload, hardware, actions_for(recompute=rest), POLICY, budget_bytes),
+                            math.inf, memo)
+            simulations += 1
+            key = (cand.timeline.peak_memory_bytes, cand.step_time_s)
+            if key[0] < current.timeline.peak_memory_bytes and (best is None or key < best[0]):
+                best = (key, cand, rest)
+        if best is None:
+            return None
+        _, current, recomputed = best
+    if current.timeline.peak_memory_bytes > budget_bytes:
+        return None
+    return current  # its unlimited run never exceeds the budget, so it is also its run under it
+
+
 def plan_slackswap(workload: Workload, hardware: Hardware, budget_bytes: int) -> Plan:
     facts = facts_for(workload)
 
@@ -103,6 +142,8 @@ def plan_slackswap(workload: Workload, hardware: Hardware, budget_bytes: int) ->
     # on every link; as a start candidate it bounds the result on any link (docs/planners.md).
     floor = fit_need(workload, hardware, budget_bytes, initial_need, family([]),
                      allow_memory_stalls=True, rounds=14, memo=memo)
+    if floor is None:
+        floor = recompute_peak_descent(workload, hardware, budget_bytes, memo)
     floor_simulations = 0
     if floor is not None:
         floor_repair = repair(workload, hardware, floor, budget_bytes, memo=memo, allow_swaps=False)
