@@ -36,6 +36,13 @@ def checked_workload(model: torch.nn.Module, plan: Plan, workload: Workload | No
     return workload
 
 
+def device_and_param_keys(model: torch.nn.Module) -> tuple[torch.device, set]:
+    """The model's device, and the storages of its parameters and buffers, which are never activations."""
+    params = list(model.parameters()) + list(model.buffers())
+    device = params[0].device if params else torch.device("cpu")
+    return device, {(p.device.type, p.device.index, p.untyped_storage().data_ptr()) for p in params}
+
+
 class PlanRuntime:
     """Context manager returned by :func:`apply_plan`. ``stats`` has the manager's counters,
     ``execution`` the ExecutionMap (what runs for each planned action)."""
@@ -46,10 +53,8 @@ class PlanRuntime:
         self.plan = plan
         self.workload = workload
         self.execution: ExecutionMap = build_execution_map(workload, plan)
-        params = list(model.parameters()) + list(model.buffers())
-        device = params[0].device if params else torch.device("cpu")
+        device, keys = device_and_param_keys(model)
         self.manager = SwapManager(workload, plan, self.execution, device)
-        keys = {(p.device.type, p.device.index, p.untyped_storage().data_ptr()) for p in params}
         self.manager.param_keys = keys
         self.recorder = ForwardRecorder(workload, self.execution, self.manager, keys)
         self._active = False

@@ -23,11 +23,11 @@ from __future__ import annotations
 import torch
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
-from ..errors import PlanMismatchError
+from ..errors import CheckpointBackendError, PlanMismatchError
 from ..plans import Plan
 from ..profiler.tracer import _IGNORED_OPS
 from ..workload import Workload
-from ..errors import CheckpointBackendError
+from .apply import device_and_param_keys
 from .checkpoint_map import CheckpointMap, Region, build_checkpoint_map
 from .replay import ForwardRecorder, RecordingMode
 from .swap import RuntimeStats, SwapManager
@@ -134,10 +134,8 @@ class CheckpointRuntime:
         if not self.checkpoint_map.faithful:
             raise CheckpointBackendError(self.checkpoint_map.refusal())
         self.execution = self.checkpoint_map.execution
-        params = list(model.parameters()) + list(model.buffers())
-        device = params[0].device if params else torch.device("cpu")
+        device, keys = device_and_param_keys(model)
         self.manager = CheckpointSwapManager(workload, self.checkpoint_map, device)
-        keys = {(p.device.type, p.device.index, p.untyped_storage().data_ptr()) for p in params}
         self.manager.param_keys = keys
         self.recorder = ForwardRecorder(workload, self.execution, self.manager, keys)
         self._active = False
