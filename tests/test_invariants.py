@@ -458,6 +458,34 @@ def test_slackswap_second_counterexample_more_budget_is_slower():
     assert slackswap_step_s(w, hw, 1006) <= tight
 
 
+def test_a_fixed_plan_can_stop_fitting_on_a_faster_link():
+    """Why `slackswap`'s bandwidth guarantee cannot rest on the simulator (docs/planners.md).
+
+    Found by checking fixed plans (same actions and prefetch steps) on a 1.5x faster D2H link.
+    Every copy back is issued at step 0. At 20 B/s the copy out of u2 ends at 3.15 s, so the copies
+    of t0 and u0 are still queued behind it when step 1 rebuilds t3; at 30 B/s all four copies land
+    during op6's 6 s backward and fill the 61 B budget, and the 1 B rebuild of t3 waits for memory
+    that only a later step frees: the same plan that ran in 6.25 s cannot run at all."""
+    from slackswap.errors import InfeasiblePlanError
+    from slackswap.schedule import make_plan
+
+    w = _workload([("op0", ["x"], ["t0", "u0"], 0.05, 0.0), ("op1", ["x"], ["t1"], 0.0, 0.0),
+                   ("op2", ["t0"], ["t2", "u2"], 0.0, 0.0), ("op3", ["t1"], ["t3"], 0.0, 0.0),
+                   ("op4", ["u2"], ["t4", "u4"], 0.0, 0.0), ("op5", ["t3"], ["t5"], 0.0, 0.0),
+                   ("op6", ["t4"], ["t6"], 0.0, 6.0)],
+                  [("x", 1, None, []), ("t0", 1, "op0", ["op2"]), ("u0", 1, "op0", ["op0"]),
+                   ("t1", 1, "op1", ["op3"]), ("t2", 1, "op2", []), ("u2", 59, "op2", ["op4"]),
+                   ("t3", 1, "op3", ["op5"]), ("t4", 1, "op4", []), ("u4", 1, "op4", []), ("t5", 1, "op5", []),
+                   ("t6", 1, "op6", [])])
+    actions = {"t0": Action.SWAP, "u0": Action.SWAP, "t1": Action.SWAP, "u2": Action.SWAP, "t3": Action.RECOMPUTE}
+    plan = make_plan(w, actions, policy="fixed", budget_bytes=61, prefetch_step={n: 0 for n in ("t0", "u0", "t1", "u2")})
+    slow = _slow_link(20.0).replace(duplex_h2d_factor=0.3)
+    assert minimum_budget_bytes(w) == 61
+    assert simulate(w, slow, plan, 61).step_time_s == pytest.approx(6.25)
+    with pytest.raises(InfeasiblePlanError, match="recompute of 'op3'"):
+        simulate(w, slow.replace(d2h_bytes_per_s=30.0), plan, 61)
+
+
 def test_optimal_on_a_workload_that_saves_nothing():
     w = _workload([("a", ["x"], ["y"], 1.0, 2.0), ("b", ["x"], ["z"], 1.0, 2.0)],
                   [("x", 1, None, []), ("y", 1, "a", []), ("z", 1, "b", [])])
