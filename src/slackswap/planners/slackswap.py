@@ -17,10 +17,13 @@ Rules (docs/planners.md explains each with its reason):
 5. Repair with the simulator (repair.py): turn a swap whose copy stalls into a
    recompute, a recompute into a swap where the link has room, and a recompute or swap
    into a keep where memory has room, one change at a time, keeping a change only if the
-   simulated step gets faster, until no single change tried makes it faster.
+   simulated step gets faster (or stays as fast with less recompute), until no single change
+   tried is better.
 6. Link-free floor: the recompute-only family, sized and repaired without adding swaps, is the
-   first start candidate. It makes no copy, so it is the same plan on every link, and the
-   result is never slower than it (docs/planners.md: what this guarantees about more bandwidth).
+   first start candidate; when no knapsack set fits, a peak descent from recomputing everything
+   (keep one op at a time while the peak drops) gives it. It makes no copy, so it is the same plan
+   on every link, and the result is never slower than it (docs/planners.md: what this guarantees
+   about more bandwidth, and what it does not).
 """
 
 from __future__ import annotations
