@@ -113,6 +113,34 @@ class Workload:
         return {t.name: min(self.op_index[r] for r in t.bwd_readers) for t in self.saved_tensors}
 
     @cached_property
+    def size_bytes_of(self) -> dict[str, int]:
+        return {t.name: t.size_bytes for t in self.tensors}
+
+    @cached_property
+    def saved_outputs(self) -> tuple[tuple[str, ...], ...]:
+        """Per op index, the saved tensors it produces."""
+        return tuple(tuple(o for o in op.outputs if self.tensor_by_name[o].is_saved) for op in self.ops)
+
+    @cached_property
+    def last_fwd_use_of_saved(self) -> tuple[tuple[str, ...], ...]:
+        """Per op index, the saved tensors whose last forward use is that op."""
+        out: list[list[str]] = [[] for _ in self.ops]
+        for t in self.saved_tensors:
+            i = self.last_fwd_use[t.name]
+            if i >= 0:
+                out[i].append(t.name)
+        return tuple(tuple(names) for names in out)
+
+    @cached_property
+    def last_bwd_read_of(self) -> tuple[tuple[str, ...], ...]:
+        """Per op index, the produced saved tensors whose last backward reader is that op."""
+        out: list[list[str]] = [[] for _ in self.ops]
+        for name, i in self.last_bwd_reader.items():
+            if self.tensor_by_name[name].producer is not None:
+                out[i].append(name)
+        return tuple(tuple(names) for names in out)
+
+    @cached_property
     def ideal_step_time_s(self) -> float:
         # Summed one op at a time in execution order, exactly as the simulator advances its
         # clock, so an all-keep simulation reports 100% to the last bit.

@@ -82,10 +82,16 @@ def knapsack_min_time(facts: Facts, names: Sequence[str], need_bytes: int) -> li
     for (weight, cost), count in bundles:
         w, c = weight * count, cost * count
         row = bytearray(cap + 1)
-        for b in range(cap, 0, -1):
-            prev = best[b - w if b > w else 0] + c
+        # Descending, so best[b - w] is still the row without this bundle (0-1, not unbounded).
+        for b in range(cap, w, -1):
+            prev = best[b - w] + c
             if prev < best[b]:
                 best[b] = prev
+                row[b] = 1
+        base = best[0] + c  # the bundle alone covers every need up to w
+        for b in range(min(w, cap), 0, -1):
+            if base < best[b]:
+                best[b] = base
                 row[b] = 1
         taken.append(row)
     if best[cap] == inf:

@@ -55,8 +55,8 @@ class _Simulation:
         self.plan = plan
         self.actions = plan.actions
         self.budget = budget_bytes
-        self.size = {t.name: t.size_bytes for t in workload.tensors}
-        self.saved = {t.name for t in workload.saved_tensors}
+        self.size = workload.size_bytes_of
+        self.saved_outputs = workload.saved_outputs
         self.step_inputs = [t.name for t in workload.tensors if t.producer is None and t.is_saved]
         n = len(workload.ops)
         self.n = n
@@ -236,8 +236,8 @@ class _Simulation:
     def _allocation(self, task: _Task) -> list[str]:
         if task.kind == _BACKWARD:
             return []
-        op = self.w.ops[task.op_index]
-        return [o for o in op.outputs if o in self.saved and o not in self.present]
+        present = self.present
+        return [o for o in self.saved_outputs[task.op_index] if o not in present]
 
     def _try_compute(self) -> bool:
         if self.compute_busy or self.ci >= len(self.tasks):
@@ -250,7 +250,8 @@ class _Simulation:
                 return False
             self.data_ready_at = self.now
         alloc = self._allocation(task)
-        if not self._fits(sum(self.size[a] for a in alloc)):
+        alloc_bytes = sum(self.size[a] for a in alloc) if alloc else 0
+        if self.mem + alloc_bytes > self.budget:
             return False
         # start the task
         op = self.w.ops[task.op_index]
@@ -265,7 +266,7 @@ class _Simulation:
             self.group_allocs.extend(alloc)
         duration = op.bwd_time_s if task.kind == _BACKWARD else op.fwd_time_s
         self.compute_busy = True
-        self._push(self.now + duration, "compute_end", (task, self.now, sum(self.size[a] for a in alloc)))
+        self._push(self.now + duration, "compute_end", (task, self.now, alloc_bytes))
         return True
 
     def _swap_inputs_pending(self, task: _Task) -> bool:
@@ -281,12 +282,10 @@ class _Simulation:
         self.events.append(Event("compute", task.kind, op.name, start_s, self.now, alloc_bytes, task.step))
         if task.kind == _FORWARD:
             self.fwd_done_upto = task.op_index
-            for name in op.outputs:
-                if name in self.saved and self.actions[name] is Action.SWAP:
+            for name in self.saved_outputs[task.op_index]:
+                if self.actions[name] is Action.SWAP:
                     self.d2h_queue.append(name)
-            for name in op.inputs + op.outputs:
-                if self.w.last_fwd_use[name] != task.op_index or name not in self.saved:
-                    continue
+            for name in self.w.last_fwd_use_of_saved[task.op_index]:
                 action = self.actions[name]
                 if action is Action.RECOMPUTE or (action is Action.SWAP and name in self.d2h_done):
                     self._free(name)
@@ -300,9 +299,8 @@ class _Simulation:
                         self._free(name)
                 self.group_allocs = []
         else:
-            for name in self.w.bwd_reads[op.name]:
-                if self.w.last_bwd_reader[name] == task.op_index and self.w.tensor_by_name[name].producer is not None:
-                    self._free(name)
+            for name in self.w.last_bwd_read_of[task.op_index]:
+                self._free(name)
         self.compute_busy = False
         self.ci += 1
         self.idle_since = self.now
