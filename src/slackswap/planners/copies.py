@@ -43,11 +43,20 @@ def h2d_hidden(facts: Facts, hardware: Hardware, swapped: Iterable[str], *, d2h_
     order that lands the most copies in time on one stream). While copies out still run
     (``d2h_tail_s`` into backward), the link runs at the duplex-slowed H2D rate.
     """
-    names = sorted(swapped, key=lambda n: (facts.first_use_s[n], n))
-    now = 0.0
+    return copies_back_land(facts, hardware, swapped, d2h_tail_s)
+
+
+def copies_back_land(facts: Facts, hardware: Hardware, swapped: Iterable[str], d2h_tail_s: float,
+                     ready_s: dict[str, float] | None = None) -> bool:
+    """Walk the H2D stream from the start of backward, earliest first use first, each copy
+    starting no earlier than ``ready_s[name]`` (its copy out's end, in backward time) and
+    running at the duplex-slowed rate until ``d2h_tail_s``: does every copy land in time?"""
     full = hardware.h2d_bytes_per_s
     slow = full * hardware.duplex_h2d_factor
-    for name in names:
+    now = 0.0
+    for name in sorted(swapped, key=lambda n: (facts.first_use_s[n], n)):
+        if ready_s is not None:
+            now = max(now, ready_s[name])
         now += hardware.copy_latency_s
         size = float(facts.size[name])
         if now < d2h_tail_s:
@@ -78,20 +87,7 @@ def round_trip_fits(facts: Facts, hardware: Hardware, swapped: Iterable[str],
         return False
     forward_s = facts.forward_time_s
     tail_s = max(0.0, max(ends.values()) - forward_s)
-    full = hardware.h2d_bytes_per_s
-    slow = full * hardware.duplex_h2d_factor
-    now = 0.0
-    for name in sorted(swapped, key=lambda n: (facts.first_use_s[n], n)):
-        now = max(now, ends[name] - forward_s) + hardware.copy_latency_s
-        size = float(facts.size[name])
-        if now < tail_s:
-            slow_part = min(size, (tail_s - now) * slow)
-            now += slow_part / slow
-            size -= slow_part
-        now += size / full
-        if now > facts.first_use_s[name]:
-            return False
-    return True
+    return copies_back_land(facts, hardware, swapped, tail_s, {n: end - forward_s for n, end in ends.items()})
 
 
 class WindowBooking:
