@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import dataclasses
 import statistics
 import sys
 import time

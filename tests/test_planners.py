@@ -8,7 +8,7 @@ from slackswap.errors import BudgetError, UnknownNameError
 from slackswap.hardware import Hardware
 from slackswap.planners import PLANNERS, get_planner, lowest_memory_plan, minimum_budget_bytes, plan_workload
 from slackswap.plans import Action
-from slackswap.sim import simulate, simulate_ideal
+from slackswap.sim import simulate
 from slackswap.workload import Op, Tensor, Workload
 from slackswap.workloads.synthetic import chain
 

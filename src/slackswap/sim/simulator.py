@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..errors import InfeasiblePlanError
 from ..hardware import Hardware
@@ -40,12 +40,10 @@ class _Copy:
     size_bytes: int
     start_s: float
     transfer_start_s: float
-    base_rate: float
     remaining: float
     rate: float = 0.0
     last_s: float = 0.0
     generation: int = 0
-    end_s: float = field(default=math.inf)
 
 
 class _Simulation:
@@ -90,7 +88,6 @@ class _Simulation:
         self.h2d_head = 0
         self.h2d: _Copy | None = None
         self.h2d_done: set[str] = set()
-        self.h2d_started: set[str] = set()
         # totals
         self.d2h_bytes = 0
         self.h2d_bytes = 0
@@ -152,8 +149,8 @@ class _Simulation:
 
     def _schedule_end(self, copy: _Copy, direction: str) -> None:
         copy.generation += 1
-        copy.end_s = max(self.now, copy.transfer_start_s) + copy.remaining / copy.rate
-        self._push(copy.end_s, direction + "_end", (copy, copy.generation))
+        end_s = max(self.now, copy.transfer_start_s) + copy.remaining / copy.rate
+        self._push(end_s, direction + "_end", (copy, copy.generation))
 
     def _rerate(self, direction: str) -> None:
         """The other direction started or stopped: re-time the copy in flight this way."""
@@ -169,7 +166,7 @@ class _Simulation:
 
     def _start_copy(self, direction: str, tensor: str) -> _Copy:
         size = self.size[tensor]
-        copy = _Copy(tensor, size, self.now, self.now + self.hw.copy_latency_s, 0.0, float(size), last_s=self.now)
+        copy = _Copy(tensor, size, self.now, self.now + self.hw.copy_latency_s, float(size), last_s=self.now)
         if direction == "d2h":
             self.d2h = copy
         else:
@@ -202,7 +199,6 @@ class _Simulation:
         else:
             self._alloc([tensor])
         self.h2d_head += 1
-        self.h2d_started.add(tensor)
         self._start_copy("h2d", tensor)
         return True
 
