@@ -18,6 +18,7 @@ Exits with code 2 and one line on stderr when CUDA is not available.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import statistics
 import sys
@@ -75,13 +76,9 @@ def main(argv=None) -> int:
             torch.cuda.reset_peak_memory_stats()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            if runtime is None:
+            with runtime if runtime is not None else contextlib.nullcontext():
                 loss = loss_fn(m, batch)
                 loss.backward()
-            else:
-                with runtime:
-                    loss = loss_fn(m, batch)
-                    loss.backward()
             end.record()
             torch.cuda.synchronize()
             opt.step()

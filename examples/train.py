@@ -11,6 +11,7 @@ between the planned run's losses and an unmodified run's (0 expected).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import sys
 
@@ -28,11 +29,8 @@ from slackswap.units import format_bytes
 def step_flops(model, batch, runtime=None) -> int:
     """FLOPs of one training step (forward, backward and any recompute), by FlopCounterMode."""
     with FlopCounterMode(display=False) as counter:
-        if runtime is None:
+        with runtime if runtime is not None else contextlib.nullcontext():
             loss_fn(model, batch).backward()
-        else:
-            with runtime:
-                loss_fn(model, batch).backward()
     model.zero_grad(set_to_none=True)
     return counter.get_total_flops()
 
@@ -75,13 +73,9 @@ def main(argv=None) -> int:
         losses = []
         for batch in batches:
             opt.zero_grad()
-            if runtime is None:
+            with runtime if runtime is not None else contextlib.nullcontext():
                 loss = loss_fn(m, batch)
                 loss.backward()
-            else:
-                with runtime:
-                    loss = loss_fn(m, batch)
-                    loss.backward()
             opt.step()
             losses.append(loss.item())
         return losses

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -30,13 +32,9 @@ def train(model, batches, runtime=None, *, seed: int = 1234):
     losses = []
     for batch in batches:
         opt.zero_grad(set_to_none=True)
-        if runtime is None:
+        with runtime if runtime is not None else contextlib.nullcontext():
             loss = loss_fn(model, batch)
             loss.backward()
-        else:
-            with runtime:
-                loss = loss_fn(model, batch)
-                loss.backward()
         losses.append(loss.detach().clone())
         opt.step()
     return losses, {n: p.grad.clone() for n, p in model.named_parameters()}
@@ -47,9 +45,6 @@ def step_flops(model, batch, runtime=None, *, seed: int | None = None) -> int:
     if seed is not None:
         torch.manual_seed(seed)
     with FlopCounterMode(display=False) as counter:
-        if runtime is None:
+        with runtime if runtime is not None else contextlib.nullcontext():
             loss_fn(model, batch).backward()
-        else:
-            with runtime:
-                loss_fn(model, batch).backward()
     return counter.get_total_flops()

@@ -4,6 +4,7 @@ a module called twice in one forward)."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
@@ -136,13 +137,9 @@ def test_edge_case_model_trains_bitwise_under_plans(choice):
         out = []
         for b in batches:
             opt.zero_grad()
-            if runtime is None:
+            with runtime if runtime is not None else contextlib.nullcontext():
                 loss = quirky_loss(model, b)
                 loss.backward()
-            else:
-                with runtime:
-                    loss = quirky_loss(model, b)
-                    loss.backward()
             out.append(loss.detach())
             opt.step()
         return out, [p.grad.clone() for p in model.parameters()]

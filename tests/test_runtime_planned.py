@@ -10,6 +10,7 @@ issue each copy back and run each recompute group at the backward step the plan 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 
@@ -145,13 +146,9 @@ def test_recomputing_tensors_written_in_place_reruns_the_writes_and_the_rng():
         out = []
         for b in batches:
             opt.zero_grad()
-            if runtime is None:
+            with runtime if runtime is not None else contextlib.nullcontext():
                 loss = inplace_loss(model, b)
                 loss.backward()
-            else:
-                with runtime:
-                    loss = inplace_loss(model, b)
-                    loss.backward()
             out.append(loss.detach())
             opt.step()
         return out, [p.grad.clone() for p in model.parameters()]

@@ -19,6 +19,7 @@ device memory on purpose); each injection raises what torch raises in the real c
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import gc
@@ -66,13 +67,9 @@ def plan_for(workload, how: str):
 def one_step(model, batch, runtime=None):
     torch.manual_seed(7)  # the examples' dropout draws from the global generator
     model.zero_grad(set_to_none=True)
-    if runtime is None:
+    with runtime if runtime is not None else contextlib.nullcontext():
         loss = loss_fn(model, batch)
         loss.backward()
-    else:
-        with runtime:
-            loss = loss_fn(model, batch)
-            loss.backward()
     return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
