@@ -14,6 +14,12 @@ action) from one action to another, since re-running an op rebuilds all its outp
   recomputes become keeps (they are rebuilt last in backward, when memory has been freed,
   so the budget may have room for them).
 
+When the planning call has simulations to spare (``Spare``, rule 7 in slackswap.py), a round
+whose proposals all fail goes on to a polish: every change of one producer's tensors to another
+action, then of one tensor, then of two tensors at once, until one is better or the spare runs
+out. Small workloads get this wider search; large ones, whose simulations cost more, get few
+or no spare simulations.
+
 Between equally fast plans the one with less recompute, then fewer bytes copied, counts as
 better (``_rank``). The loop ends when no proposed change makes the plan better, or after
 ``max_simulations`` simulations (a bound on planning time).
@@ -28,8 +34,16 @@ from ..plans import Action
 from ..workload import Workload
 from .common import Candidate, build, evaluate, facts_for
 from .copies import WindowBooking
+from .selection import op_items
 
 PROPOSALS_PER_KIND = 3
+
+
+@dataclass
+class Spare:
+    """Simulations a planning call may spend beyond the targeted proposals (shared by its repairs)."""
+
+    left: int
 
 
 @dataclass
@@ -127,10 +141,12 @@ def _rank(candidate: Candidate) -> tuple[float, float, int]:
 
 
 def repair(workload: Workload, hardware: Hardware, start: Candidate, budget_bytes: int,
-           *, max_simulations: int = 64, memo: dict | None = None, allow_swaps: bool = True) -> RepairResult:
+           *, max_simulations: int = 64, memo: dict | None = None, allow_swaps: bool = True,
+           spare: Spare | None = None) -> RepairResult:
     """Improve ``start`` one simulated change at a time. Without ``allow_swaps`` no change adds a
     swap, so a recompute-only start stays recompute-only: every plan simulated then makes no
-    copy, and the whole trajectory (and its result) is the same on every link."""
+    copy, and the whole trajectory (and its result) is the same on every link. With ``spare``, a
+    round whose proposals all fail polishes (module docstring) at the spare's expense."""
     result = RepairResult(best=start)
     while result.simulations < max_simulations:
         current = result.best
@@ -147,8 +163,54 @@ def repair(workload: Workload, hardware: Hardware, start: Candidate, budget_byte
             if cand.fits and _rank(cand) < _rank(current):
                 winner, winner_why = cand, f"{why}: {', '.join(names)}"
                 break  # first improvement: re-read the new timeline before proposing more
+        if winner is None and spare is not None and spare.left > 0:
+            winner, winner_why = _polish(workload, hardware, current, budget_bytes, memo, allow_swaps, spare)
         if winner is None:
             break
         result.best = winner
         result.moves.append(winner_why)
     return result
+
+
+def _single_changes(facts, actions, allow_swaps: bool):
+    """Every change of one producer's tensors (together), then of one tensor, to another action."""
+    choices = (Action.KEEP, Action.SWAP, Action.RECOMPUTE) if allow_swaps else (Action.KEEP, Action.RECOMPUTE)
+    groups = [g for g in op_items(facts, facts.candidates) if len(g) > 1] + [(n,) for n in facts.candidates]
+    for names in groups:
+        for action in choices:
+            if any(actions[n] is not action for n in names):
+                yield names, action
+
+
+def _polish(workload, hardware, current, budget_bytes, memo, allow_swaps: bool, spare: Spare):
+    """The first change better than ``current`` among all single changes, then all pairs of
+    one-tensor changes; each simulation not already in ``memo`` costs one spare simulation."""
+    facts = facts_for(workload)
+    actions = current.plan.actions
+    singles = list(_single_changes(facts, actions, allow_swaps))
+    tensor_moves = [(names[0], action) for names, action in singles if len(names) == 1]
+    pairs = ({a[0]: a[1], b[0]: b[1]} for i, a in enumerate(tensor_moves) for b in tensor_moves[i + 1:]
+             if a[0] != b[0])
+    changes = [({n: action for n in names}) for names, action in singles]
+    tried: set[tuple] = set()
+    for change in _chain(changes, pairs):
+        changed = dict(actions)
+        changed.update(change)
+        key = tuple(changed.values())
+        if key in tried:
+            continue
+        tried.add(key)
+        if spare.left <= 0:
+            return None, ""
+        plan = build(workload, hardware, changed, current.plan.policy, budget_bytes)
+        cand = evaluate(workload, hardware, plan, budget_bytes, memo)
+        spare.left -= 1
+        if cand.fits and _rank(cand) < _rank(current):
+            moves = ", ".join(f"{n} -> {a.value}" for n, a in change.items())
+            return cand, f"polish: {moves}"
+    return None, ""
+
+
+def _chain(first, second):
+    yield from first
+    yield from second
