@@ -124,6 +124,23 @@ def recompute_peak_descent(workload: Workload, hardware: Hardware, budget_bytes:
     return current  # its unlimited run never exceeds the budget, so it is also its run under it
 
 
+def best_recompute_only(workload: Workload, hardware: Hardware, budget_bytes: int, memo: dict):
+    """Rule 7 (c): the fastest plan that only keeps or recomputes, by trying every such plan.
+
+    Without copies nothing frees memory while compute waits, so such a plan fits exactly when
+    its unlimited peak is within the budget, and then runs in its unlimited time: the answer is
+    the same on every link and can only get faster as the budget grows."""
+    facts = facts_for(workload)
+    best = None
+    for mask in range(2 ** len(facts.candidates)):
+        recompute = [n for i, n in enumerate(facts.candidates) if mask >> i & 1]
+        plan = build(workload, hardware, actions_for(recompute=recompute), POLICY, budget_bytes)
+        cand = evaluate(workload, hardware, plan, math.inf, memo)
+        if cand.fits and cand.timeline.peak_memory_bytes <= budget_bytes and (best is None or _rank(cand) < _rank(best)):
+            best = cand
+    return best
+
+
 def plan_slackswap(workload: Workload, hardware: Hardware, budget_bytes: int) -> Plan:
     facts = facts_for(workload)
 
@@ -162,6 +179,17 @@ def plan_slackswap(workload: Workload, hardware: Hardware, budget_bytes: int) ->
     if floor is not None:
         floor_repair = repair(workload, hardware, floor, budget_bytes, memo=memo, allow_swaps=False)
         floor, floor_simulations = floor_repair.best, floor_repair.simulations
+    spare = Spare(WIDE_SEARCH_OP_SIMULATIONS // max(1, len(workload.ops)))
+    if spare.left < 3 * len(facts.candidates):
+        # Too few to try every single change once: rule 7 would only add arbitrary probes.
+        spare.left = 0
+    if 2 ** len(facts.candidates) <= spare.left // 2:
+        # Rule 7 (c): few enough candidates to try every recompute-only plan.
+        exact = best_recompute_only(workload, hardware, budget_bytes, memo)
+        spare.left -= 2 ** len(facts.candidates)
+        if exact is not None and (floor is None or _rank(exact) < _rank(floor)):
+            floor = exact
+    if floor is not None:
         start, start_order = floor, "recompute"
     others = []
     for label, ranked, spill in families:
@@ -176,10 +204,6 @@ def plan_slackswap(workload: Workload, hardware: Hardware, budget_bytes: int) ->
             start, start_order = found, label
         else:
             others.append((found, label))
-    spare = Spare(WIDE_SEARCH_OP_SIMULATIONS // max(1, len(workload.ops)))
-    if spare.left < 3 * len(facts.candidates):
-        # Too few to try every single change once: rule 7 would only add arbitrary probes.
-        spare.left = 0
     swap_all = None
     if start is None or spare.left > 0:
         # The lowest-memory plan (everything swapped) fits every budget down to the minimum: the
