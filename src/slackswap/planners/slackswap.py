@@ -25,12 +25,14 @@ Rules (docs/planners.md explains each with its reason):
    on every link, and the result is never slower than it (docs/planners.md: what this guarantees
    about more bandwidth, and what it does not).
 7. Wider search when it is cheap: a planning call may spend WIDE_SEARCH_OP_SIMULATIONS op-simulations
-   (simulations times ops) beyond rules 4-6. They go to a polish at the end of the repair (every
-   single change, then every pair of one-tensor changes: repair.py) and then to repairing the other
-   start candidates (the other families, the floor, everything swapped), best first. On a workload
-   of a few ops that is hundreds of simulations. When the allowance cannot pay for one pass over
-   every single change (3 per candidate tensor), rule 7 is off: on the built-in models (250-500 ops,
-   370-730 candidates) it allows 8-16 simulations, so their plans and planning time are unchanged.
+   (simulations times ops) beyond rules 4-6: (a) when every recompute-only plan fits in half of
+   it, all are tried and the fastest that fits is the floor (best_recompute_only); (b) a repair
+   round whose proposals all fail goes on to a polish (every single change, then every pair of
+   one-tensor changes: repair.py); (c) the other start candidates (the other families, the
+   floor, everything swapped) are repaired too, best first. On a workload of a few ops that is
+   hundreds of simulations. When the allowance cannot pay for one pass over every single change
+   (3 per candidate tensor), rule 7 is off: on the built-in models (250-500 ops, 370-730
+   candidates) it allows 8-16 simulations, so their plans and planning time are unchanged.
 """
 
 from __future__ import annotations
@@ -125,7 +127,7 @@ def recompute_peak_descent(workload: Workload, hardware: Hardware, budget_bytes:
 
 
 def best_recompute_only(workload: Workload, hardware: Hardware, budget_bytes: int, memo: dict):
-    """Rule 7 (c): the fastest plan that only keeps or recomputes, by trying every such plan.
+    """Rule 7 (a): the fastest plan that only keeps or recomputes, by trying every such plan.
 
     Without copies nothing frees memory while compute waits, so such a plan fits exactly when
     its unlimited peak is within the budget, and then runs in its unlimited time: the answer is
@@ -184,7 +186,7 @@ def plan_slackswap(workload: Workload, hardware: Hardware, budget_bytes: int) ->
         # Too few to try every single change once: rule 7 would only add arbitrary probes.
         spare.left = 0
     if 2 ** len(facts.candidates) <= spare.left // 2:
-        # Rule 7 (c): few enough candidates to try every recompute-only plan.
+        # Rule 7 (a): few enough candidates to try every recompute-only plan.
         exact = best_recompute_only(workload, hardware, budget_bytes, memo)
         spare.left -= 2 ** len(facts.candidates)
         if exact is not None and (floor is None or _rank(exact) < _rank(floor)):
@@ -226,7 +228,7 @@ def plan_slackswap(workload: Workload, hardware: Hardware, budget_bytes: int) ->
         others.append((swap_all, "all-swap"))
     result = repair(workload, hardware, start, budget_bytes, memo=memo, spare=spare)
     simulations = result.simulations + floor_simulations
-    # Rule 7: the other starts, best first, while the spare lasts.
+    # Rule 7 (c): the other starts, best first, while the spare lasts.
     others.sort(key=lambda item: _rank(item[0]))
     for other, label in others:
         if spare.left <= 0:
