@@ -6,6 +6,7 @@ failing draw, and writes them to a JSON file to pin or study. One draw checks bo
 a faster link (x1.5, x2 or x10 on D2H, H2D or both) and a larger budget.
 
 Run: .venv/bin/python benchmarks/hunt_monotone.py --draws 20000 --seed 42 [--out failures.json]
+         [--results benchmarks/results/monotone.md]
      .venv/bin/python benchmarks/hunt_monotone.py --exhaustive --draws 1500 --seed 3
 With --exhaustive the plans come from the exhaustive search of tests/brute_force.py instead
 (workloads of at most 6 candidate tensors): is the property true of exact answers?
@@ -32,7 +33,8 @@ def main() -> None:
     parser.add_argument("--draws", type=int, default=3000)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--exhaustive", action="store_true")
-    parser.add_argument("--out", type=Path)
+    parser.add_argument("--out", type=Path, help="every failing draw as JSON (workload, hardware, budgets)")
+    parser.add_argument("--results", type=Path, help="a Markdown table of the failing draws")
     args = parser.parse_args()
 
     failures: list[dict] = []
@@ -72,11 +74,31 @@ def main() -> None:
     elapsed_s = time.perf_counter() - started
     worst = max((f["other_step_s"] / f["base_step_s"] - 1 for f in failures), default=0.0)
     by_kind = {k: sum(f["kind"] == k for f in failures) for k in ("bandwidth", "budget")}
-    print(f"{'exhaustive search' if args.exhaustive else 'slackswap'}: {counted[0]} draws (seed {args.seed}), "
-          f"{len(failures)} failing ({by_kind['bandwidth']} bandwidth, {by_kind['budget']} budget), "
-          f"largest excess {100 * worst:.2f} %, {elapsed_s:.0f} s")
+    summary = (f"{'exhaustive search' if args.exhaustive else 'slackswap'}: {counted[0]} draws (seed {args.seed}), "
+               f"{len(failures)} failing ({by_kind['bandwidth']} bandwidth, {by_kind['budget']} budget), "
+               f"largest excess {100 * worst:.2f} %, {elapsed_s:.0f} s")
+    print(summary)
     if args.out:
         args.out.write_text(json.dumps(failures, indent=1) + "\n")
+    if args.results:
+        args.results.write_text(results_markdown(summary, " ".join(sys.argv[1:]), failures))
+
+
+def results_markdown(summary: str, arguments: str, failures: list[dict]) -> str:
+    lines = ["# Monotonicity hunt", "", f"`benchmarks/hunt_monotone.py {arguments}`", "", summary, ""]
+    if failures:
+        lines += ["| property | change | budget | step before | step after | excess | ops | tensors |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|"]
+        for f in failures:
+            if f["kind"] == "bandwidth":
+                change = f"{f['which']} x{f['factor']}"
+            else:
+                change = f"budget to {f['larger_budget_bytes']} B"
+            excess = 100 * (f["other_step_s"] / f["base_step_s"] - 1)
+            lines.append(f"| {f['kind']} | {change} | {f['budget_bytes']} B | {f['base_step_s']:.4f} s | "
+                         f"{f['other_step_s']:.4f} s | {excess:.2f} % | {len(f['workload']['ops'])} | "
+                         f"{len(f['workload']['tensors'])} |")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
