@@ -11,7 +11,7 @@ import pytest
 from slackswap.errors import UnknownNameError, ValidationError
 from slackswap.experiments.sweep import COLUMNS, parse_budgets, parse_policies, rows_to_csv, run_sweep
 from slackswap.hardware import PRESETS
-from slackswap.planners import HEURISTICS
+from slackswap.planners import HEURISTICS, plan_workload
 from slackswap.workloads.synthetic import chain
 
 GRID = [0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
@@ -61,7 +61,7 @@ def test_sweep_rows_and_csv_on_a_chain():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model", MODELS)
-def test_slackswap_is_never_below_another_heuristic(model, summary_lines):
+def test_slackswap_is_never_below_another_heuristic_nor_slower_with_more_budget(model, summary_lines):
     from slackswap.workloads.models import build_model_workload
 
     hw = PRESETS["a100-80gb-pcie4"]
@@ -84,5 +84,33 @@ def test_slackswap_is_never_below_another_heuristic(model, summary_lines):
         other_text = "n/a" if best_other is None else f"{best_other:.2f}%"
         optimal_text = "n/a" if optimal is None else f"{optimal:.2f}%, gap to optimal {optimal - mine:+.2f} points"
         gaps.append(f"{fraction:.1f}: {mine:.2f}% (best other heuristic {other_text}, optimal {optimal_text})")
+    # More budget never made slackswap slower on these models' grid (issue 6's property, checked
+    # here on real workloads; the random small ones are in test_invariants.py).
+    ours_pct = [next(r["throughput_pct"] for r in rows if r["policy"] == "slackswap" and r["budget_fraction"] == f)
+                for f in sorted(GRID)]
+    for (low, low_pct), (high, high_pct) in zip(zip(sorted(GRID), ours_pct), zip(sorted(GRID)[1:], ours_pct[1:])):
+        assert high_pct >= low_pct - FLOAT_NOISE_PTS, f"{model}: {high_pct}% at {high} < {low_pct}% at {low}"
     summary_lines.append(f"sweep {model} ({elapsed:.1f} s): " + "; ".join(gaps))
     print("\n".join(gaps))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", MODELS)
+def test_slackswap_is_not_slower_on_a_faster_link_for_the_built_in_models(model):
+    """Issue 6's bandwidth property on real workloads: the PCIe 4.0 preset, then both directions
+    1.5x and 2x faster (about PCIe 5.0), at 30 % and 50 % of the unconstrained peak."""
+    from slackswap.sim import simulate, simulate_ideal
+    from slackswap.workloads.models import build_model_workload
+
+    hw = PRESETS["a100-80gb-pcie4"]
+    workload = build_model_workload(model, hw)
+    peak = simulate_ideal(workload, hw).peak_memory_bytes
+    for fraction in (0.3, 0.5):
+        budget = int(peak * fraction)
+        previous_s = None
+        for factor in (1.0, 1.5, 2.0):
+            link = hw.replace(d2h_bytes_per_s=hw.d2h_bytes_per_s * factor, h2d_bytes_per_s=hw.h2d_bytes_per_s * factor)
+            step_s = simulate(workload, link, plan_workload(workload, link, budget, "slackswap"), budget).step_time_s
+            if previous_s is not None:
+                assert step_s <= previous_s * (1 + 1e-12), f"{fraction}: x{factor} link {step_s} s > {previous_s} s"
+            previous_s = step_s
