@@ -27,6 +27,7 @@ better (``_rank``). The loop ends when no proposed change makes the plan better,
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 from ..hardware import Hardware
@@ -184,16 +185,16 @@ def _single_changes(facts, actions, allow_swaps: bool):
 
 def _polish(workload, hardware, current, budget_bytes, memo, allow_swaps: bool, spare: Spare):
     """The first change better than ``current`` among all single changes, then all pairs of
-    one-tensor changes; each simulation not already in ``memo`` costs one spare simulation."""
+    one-tensor changes; each plan tried costs one spare simulation."""
     facts = facts_for(workload)
     actions = current.plan.actions
     singles = list(_single_changes(facts, actions, allow_swaps))
     tensor_moves = [(names[0], action) for names, action in singles if len(names) == 1]
     pairs = ({a[0]: a[1], b[0]: b[1]} for i, a in enumerate(tensor_moves) for b in tensor_moves[i + 1:]
              if a[0] != b[0])
-    changes = [({n: action for n in names}) for names, action in singles]
+    changes = [{n: action for n in names} for names, action in singles]
     tried: set[tuple] = set()
-    for change in _chain(changes, pairs):
+    for change in itertools.chain(changes, pairs):
         changed = dict(actions)
         changed.update(change)
         key = tuple(changed.values())
@@ -210,7 +211,3 @@ def _polish(workload, hardware, current, budget_bytes, memo, allow_swaps: bool, 
             return cand, f"polish: {moves}"
     return None, ""
 
-
-def _chain(first, second):
-    yield from first
-    yield from second

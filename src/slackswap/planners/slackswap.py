@@ -138,7 +138,8 @@ def best_recompute_only(workload: Workload, hardware: Hardware, budget_bytes: in
         recompute = [n for i, n in enumerate(facts.candidates) if mask >> i & 1]
         plan = build(workload, hardware, actions_for(recompute=recompute), POLICY, budget_bytes)
         cand = evaluate(workload, hardware, plan, math.inf, memo)
-        if cand.fits and cand.timeline.peak_memory_bytes <= budget_bytes and (best is None or _rank(cand) < _rank(best)):
+        fits = cand.fits and cand.timeline.peak_memory_bytes <= budget_bytes
+        if fits and (best is None or _rank(cand) < _rank(best)):
             best = cand
     return best
 
@@ -185,6 +186,7 @@ def plan_slackswap(workload: Workload, hardware: Hardware, budget_bytes: int) ->
     if spare.left < 3 * len(facts.candidates):
         # Too few to try every single change once: rule 7 would only add arbitrary probes.
         spare.left = 0
+    allowance = spare.left
     if 2 ** len(facts.candidates) <= spare.left // 2:
         # Rule 7 (a): few enough candidates to try every recompute-only plan.
         exact = best_recompute_only(workload, hardware, budget_bytes, memo)
@@ -227,7 +229,7 @@ def plan_slackswap(workload: Workload, hardware: Hardware, budget_bytes: int) ->
     if swap_all is not None and swap_all.fits:
         others.append((swap_all, "all-swap"))
     result = repair(workload, hardware, start, budget_bytes, memo=memo, spare=spare)
-    simulations = result.simulations + floor_simulations
+    repair_simulations = floor_simulations + result.simulations
     # Rule 7 (c): the other starts, best first, while the spare lasts.
     others.sort(key=lambda item: _rank(item[0]))
     for other, label in others:
@@ -236,9 +238,9 @@ def plan_slackswap(workload: Workload, hardware: Hardware, budget_bytes: int) ->
         found = repair(workload, hardware, other, budget_bytes, memo=memo, spare=spare,
                        max_simulations=spare.left)
         spare.left -= found.simulations
-        simulations += found.simulations
         if _rank(found.best) < _rank(result.best):
             result, start_order = found, label
+    simulations = repair_simulations + allowance - spare.left
     return with_info(result.best.plan, rule="windowed swaps + knapsack recompute + simulator repair",
                      start_order=start_order,
                      repair_moves=result.moves, simulations=simulations,
