@@ -167,6 +167,21 @@ def evaluate(workload: Workload, hardware: Hardware, plan: Plan, budget_bytes: i
     return found
 
 
+def fewest_that_fit(workload: Workload, hardware: Hardware, budget_bytes: int, plan_with, count: int) -> Plan:
+    """``plan_with(k)`` for the smallest k in 0..count whose plan runs within the budget, by bisection.
+
+    For planners that take a growing prefix of an ordered list (more recompute or more swaps
+    frees more memory); the caller has checked that ``plan_with(count)`` fits."""
+    low, high = 0, count
+    while low < high:
+        mid = (low + high) // 2
+        if evaluate(workload, hardware, plan_with(mid), budget_bytes).fits:
+            high = mid
+        else:
+            low = mid + 1
+    return plan_with(low)
+
+
 def natural_peak_bytes(workload: Workload, hardware: Hardware, plan: Plan) -> int:
     """Peak of ``plan`` when nothing waits for memory: the budget it needs to run without memory stalls."""
     return simulate(workload, hardware, plan, math.inf, check=False).peak_memory_bytes

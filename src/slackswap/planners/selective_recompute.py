@@ -14,7 +14,8 @@ from __future__ import annotations
 from ..hardware import Hardware
 from ..plans import Action, Plan
 from ..workload import Workload
-from .common import block_layers, build, evaluate, facts_for, natural_peak_bytes, policy_cannot_fit
+from .common import (block_layers, build, evaluate, facts_for, fewest_that_fit, natural_peak_bytes,
+                     policy_cannot_fit)
 from .full_recompute import block_recompute_actions
 
 CORE_KINDS = ("attention", "bmm")
@@ -51,11 +52,4 @@ def plan_selective_recompute(workload: Workload, hardware: Hardware, budget_byte
         plan = plan_with(len(layers))
         raise policy_cannot_fit("selective-recompute", budget_bytes, natural_peak_bytes(workload, hardware, plan),
                                 "use a larger budget or a policy that swaps")
-    low, high = 0, len(layers)
-    while low < high:
-        mid = (low + high) // 2
-        if evaluate(workload, hardware, plan_with(mid), budget_bytes).fits:
-            high = mid
-        else:
-            low = mid + 1
-    return plan_with(low)
+    return fewest_that_fit(workload, hardware, budget_bytes, plan_with, len(layers))

@@ -12,7 +12,7 @@ from __future__ import annotations
 from ..hardware import Hardware
 from ..plans import Plan
 from ..workload import Workload
-from .common import build, evaluate, facts_for, just_in_time_prefetch, policy_cannot_fit
+from .common import build, evaluate, facts_for, fewest_that_fit, just_in_time_prefetch, policy_cannot_fit
 from .minimum import minimum_budget_bytes
 from .selection import actions_for
 
@@ -32,11 +32,4 @@ def plan_swap_only(workload: Workload, hardware: Hardware, budget_bytes: int) ->
         if evaluate(workload, hardware, last, budget_bytes).fits:
             return last
         raise policy_cannot_fit("swap-only", budget_bytes, minimum_budget_bytes(workload), "raise the budget")
-    low, high = 0, len(names)
-    while low < high:
-        mid = (low + high) // 2
-        if evaluate(workload, hardware, plan_with(mid), budget_bytes).fits:
-            high = mid
-        else:
-            low = mid + 1
-    return plan_with(low)
+    return fewest_that_fit(workload, hardware, budget_bytes, plan_with, len(names))
