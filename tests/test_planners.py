@@ -263,3 +263,34 @@ def test_optimal_reports_its_bound_objective_and_simulated_step():
     # simulator agrees.
     assert info["milp_objective_s"] == pytest.approx(0.0, abs=1e-9)
     assert info["simulated_step_time_s"] == pytest.approx(w.ideal_step_time_s)
+
+
+def test_fit_need_goes_back_when_taking_more_off_raises_the_peak(monkeypatch):
+    """A family's far end can peak higher than its middle (recomputing everything rebuilds long
+    groups in backward). Here the peak is 200 - 2 x need up to need 60, and 300 beyond: growing
+    the need by the overshoot jumps from 0 to 80, past every plan that fits a 120 B budget. The
+    sizing must come back (to 40, the least need that fits) instead of growing without end, as
+    it did when the 977 B / 1006 B counterexample (tests/test_invariants.py) lost its plan."""
+    import types
+
+    from slackswap.planners import selection
+
+    def peak_at(need: int) -> int:
+        return 200 - 2 * need if need < 60 else 300
+
+    def fake_evaluate(workload, hardware, need, budget_bytes, memo=None):
+        peak = peak_at(need)
+        fits = peak <= budget_bytes
+        return types.SimpleNamespace(fits=fits, step_time_s=1.0 + need / 1000 if fits else float("inf"),
+                                     timeline=types.SimpleNamespace(peak_memory_bytes=peak), need=need)
+
+    monkeypatch.setattr(selection, "evaluate", fake_evaluate)
+    visited = []
+
+    def make(need: int) -> int:
+        visited.append(need)
+        return need
+
+    found = selection.fit_need(chain(4), fast_link(), 120, 0, make, rounds=14)
+    assert visited[:3] == [0, 80, 40]
+    assert found is not None and found.need == 40 and found.timeline.peak_memory_bytes == 120

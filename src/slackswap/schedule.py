@@ -21,6 +21,30 @@ def first_use_step(workload: Workload, name: str) -> int:
     return n - 1 - latest_reader
 
 
+def first_need_step(workload: Workload, actions: Mapping[str, Action]) -> dict[str, int]:
+    """Backward step at which each swapped tensor must be back on the device.
+
+    That is its first backward read, or earlier when a recompute group re-runs an op that
+    reads it: a copy back timed for the backward read alone would arrive after that group,
+    which would then rebuild the tensor from further back instead (a longer group, more
+    recompute time and a higher peak), and a faster link, issuing the copy later, would
+    make it worse. The groups are those seen with every swapped tensor back from the start.
+    """
+    swapped = [name for name, a in actions.items() if a is Action.SWAP]
+    need = {name: first_use_step(workload, name) for name in swapped}
+    if not need or not any(a is Action.RECOMPUTE for a in actions.values()):
+        return need
+    ops = workload.ops
+    groups = derive_recompute_groups(workload, actions, {name: 0 for name in swapped})
+    for op_name, group in groups.items():
+        step = len(ops) - 1 - workload.op_index[op_name]
+        for producer in group:
+            for name in ops[workload.op_index[producer]].inputs:
+                if name in need and step < need[name]:
+                    need[name] = step
+    return need
+
+
 def derive_recompute_groups(
     workload: Workload, actions: Mapping[str, Action], prefetch_step: Mapping[str, int]
 ) -> dict[str, tuple[str, ...]]:
@@ -115,7 +139,8 @@ def prefetch_alap(
     *,
     lead_s: float = 0.0,
 ) -> dict[str, int]:
-    """Issue each copy back as late as it can go and still land before its first use.
+    """Issue each copy back as late as it can go and still land before its first use
+    (first_need_step: a backward read or a recompute that reads it).
 
     Swapped tensors are ordered by first use; working from the last one back, each
     copy must end before its own first use and before the next copy on the in-order
@@ -129,7 +154,7 @@ def prefetch_alap(
     if not swapped:
         return {}
     starts = backward_step_starts_s(workload, {})
-    first_use = {name: first_use_step(workload, name) for name in swapped}
+    first_use = first_need_step(workload, actions)
     production = {t.name: i for i, t in enumerate(workload.saved_tensors)}
     order = sorted(swapped, key=lambda name: (first_use[name], production[name]))
     result: dict[str, int] = {}

@@ -143,7 +143,8 @@ def fit_need(
     total = max(1, keep_all_peak_bytes_of(workload))
     need = max(0, initial_need_bytes)
     best: Candidate | None = None
-    low, high = -1, None  # largest need known not to clear, smallest known to clear
+    high = None  # smallest need known to clear
+    grown: tuple[int, int] | None = None  # (need, peak) of the last step of the growth phase
     seen: dict[int, bool] = {}
     for _ in range(rounds):
         if need in seen:
@@ -164,13 +165,20 @@ def fit_need(
         seen[need] = clears
         if clears:
             high = need if high is None else min(high, need)
-        else:
-            low = max(low, need)
         if high is None:
             if plan is None:
                 break
+            if grown is not None and peak >= grown[1] and need - grown[0] > 1:
+                # Taking more off raised the peak (a family's far end rebuilds long groups in
+                # backward): the need that fits, if any, lies before this one, so go back halfway.
+                need = grown[0] + (need - grown[0]) // 2
+                continue
+            grown = (need, peak)
             need = need + max(peak - budget_bytes, total // 100)
         else:
+            # The peak need not fall as the need grows, so the lower end is the largest need
+            # below the smallest that clears, not the largest that ever failed.
+            low = max((n for n, ok in seen.items() if not ok and n < high), default=-1)
             if high - low <= max(1, total // 2000):
                 break
             need = (low + high + 1) // 2 if low >= 0 else high // 2
