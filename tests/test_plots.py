@@ -31,9 +31,10 @@ def link(bytes_per_s: float) -> Hardware:
 
 def hand_timeline():
     """chain(4) with a0 swapped and a1 recomputed (see test_trace.hand_case): 14 s step, one
-    1 s stall waiting for the copy back, budget 250 B, peak 201 B."""
+    1 s stall waiting for the copy back, issued at step 1 by hand, budget 250 B, peak 201 B."""
     w, hw = chain(4), link(100.0)
-    plan = make_plan(w, {"a0": Action.SWAP, "a1": Action.RECOMPUTE}, policy="hand", budget_bytes=250, hardware=hw)
+    plan = make_plan(w, {"a0": Action.SWAP, "a1": Action.RECOMPUTE}, policy="hand", budget_bytes=250, hardware=hw,
+                     prefetch_step={"a0": 1})
     return simulate(w, hw, plan)
 
 

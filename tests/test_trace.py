@@ -32,11 +32,13 @@ def link(bytes_per_s: float, *, latency_s: float = 0.0, duplex: float = 1.0) -> 
 
 def hand_case():
     """chain(4), 1 s forward / 2 s backward, 100-byte tensors on a 100 B/s link: a0 swapped,
-    a1 recomputed. The copy back of a0 is issued at step 1 (t = 6 s) and takes 1 s, so the
-    recompute of op1 stalls 1 s waiting for it: step time 14 s."""
+    a1 recomputed. The copy back of a0 is issued at step 1 (t = 6 s; set by hand, the default
+    schedule would issue it a step earlier) and takes 1 s, so the recompute of op1 stalls 1 s
+    waiting for it: step time 14 s."""
     w = chain(4)
     hw = link(100.0)
-    plan = make_plan(w, {"a0": Action.SWAP, "a1": Action.RECOMPUTE}, policy="hand", budget_bytes=250, hardware=hw)
+    plan = make_plan(w, {"a0": Action.SWAP, "a1": Action.RECOMPUTE}, policy="hand", budget_bytes=250, hardware=hw,
+                     prefetch_step={"a0": 1})
     return w, plan, simulate(w, hw, plan)
 
 
