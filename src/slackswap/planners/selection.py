@@ -168,13 +168,18 @@ def fit_need(
         if high is None:
             if plan is None:
                 break
-            if grown is not None and peak >= grown[1] and need - grown[0] > 1:
+            if grown is not None and peak > grown[1] and need - grown[0] > 1:
                 # Taking more off raised the peak (a family's far end rebuilds long groups in
                 # backward): the need that fits, if any, lies before this one, so go back halfway.
                 need = grown[0] + (need - grown[0]) // 2
                 continue
+            step = max(peak - budget_bytes, total // 100)
+            if grown is not None and peak == grown[1]:
+                # No change: the plan is likely the same (items are whole producers, so a need
+                # can grow a long way before the next one is taken): double the step.
+                step = max(step, 2 * (need - grown[0]))
             grown = (need, peak)
-            need = need + max(peak - budget_bytes, total // 100)
+            need = need + step
         else:
             # The peak need not fall as the need grows, so the lower end is the largest need
             # below the smallest that clears, not the largest that ever failed.
