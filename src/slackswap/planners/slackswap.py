@@ -35,11 +35,6 @@ Rules (docs/planners.md explains each with its reason):
    hundreds of simulations. When the allowance cannot pay for one pass over every single change
    (3 per candidate tensor), rule 7 is off: on the built-in models (250-500 ops, 370-730
    candidates) it allows 8-16 simulations, so their plans and planning time are unchanged.
-8. The runner-up start, when rule 7 is off: the second-best start candidate is repaired too
-   (up to 64 more simulations) and the faster result wins. A repair is a local search, and on
-   the built-in models the best start is not always the one whose repair ends best: gpt2-xl
-   at 52 % of its peak ended at 506.4 ms from the early family, while the value family's start,
-   repaired, reaches 499.6 ms (51 % gave 501.1 ms).
 """
 
 from __future__ import annotations
@@ -267,13 +262,6 @@ def plan_slackswap(workload: Workload, hardware: Hardware, budget_bytes: int) ->
         found = repair(workload, hardware, other, budget_bytes, memo=memo, spare=spare,
                        max_simulations=spare.left)
         spare.left -= found.simulations
-        if _rank(found.best) < _rank(result.best):
-            result, start_order = found, label
-    if allowance == 0 and others:
-        # Rule 8: too large for rule 7, yet one more repair is affordable: the runner-up start.
-        other, label = others[0]
-        found = repair(workload, hardware, other, budget_bytes, memo=memo)
-        repair_simulations += found.simulations
         if _rank(found.best) < _rank(result.best):
             result, start_order = found, label
     simulations = repair_simulations + allowance - spare.left
