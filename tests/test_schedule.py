@@ -139,6 +139,9 @@ def test_prefetch_alap_lands_a_recompute_input_before_the_recompute_on_any_link(
         assert plan.recompute_groups == {"op2": ("op1",)}, rate
         assert plan.prefetch_step["a0"] <= 1
     assert prefetch_alap(w, full(w, actions), link(1e6)) == {"a0": 0}  # must land by 2 s: issued at 0 s
+    # without hardware, at the step of first need (the runtime's default for bare actions too)
+    bare = make_plan(w, actions, policy="bare", budget_bytes=None)
+    assert bare.prefetch_step == {"a0": 1} and bare.recompute_groups == {"op2": ("op1",)}
     timeline = simulate(w, link(100.0), make_plan(w, actions, policy="alap", budget_bytes=None, hardware=link(100.0)))
     assert timeline.stall_copy_s == 0.0
 

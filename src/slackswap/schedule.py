@@ -35,7 +35,8 @@ def first_need_step(workload: Workload, actions: Mapping[str, Action]) -> dict[s
     if not need or not any(a is Action.RECOMPUTE for a in actions.values()):
         return need
     ops = workload.ops
-    groups = derive_recompute_groups(workload, actions, {name: 0 for name in swapped})
+    full = {t.name: actions.get(t.name, Action.KEEP) for t in workload.saved_tensors}  # unnamed: kept
+    groups = derive_recompute_groups(workload, full, {name: 0 for name in swapped})
     for op_name, group in groups.items():
         step = len(ops) - 1 - workload.op_index[op_name]
         for producer in group:
@@ -192,8 +193,8 @@ def make_plan(
     info: Mapping[str, Any] | None = None,
 ) -> Plan:
     """Complete a set of actions into a Plan: default every unnamed saved tensor to KEEP,
-    choose prefetch steps (as late as possible on ``hardware``, or at first use without
-    one) and derive the recompute groups."""
+    choose prefetch steps (as late as possible on ``hardware``, or at the step of first need
+    without one) and derive the recompute groups."""
     full = {t.name: _as_action(actions.get(t.name, Action.KEEP), t.name) for t in workload.saved_tensors}
     unknown = set(actions) - set(full)
     if unknown:
@@ -202,7 +203,7 @@ def make_plan(
         if hardware is not None:
             prefetch_step = prefetch_alap(workload, full, hardware)
         else:
-            prefetch_step = {n: first_use_step(workload, n) for n, a in full.items() if a is Action.SWAP}
+            prefetch_step = first_need_step(workload, full)
     groups = derive_recompute_groups(workload, full, prefetch_step)
     return Plan(
         workload_name=workload.name, workload_fingerprint=workload.fingerprint, policy=policy,

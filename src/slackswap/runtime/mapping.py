@@ -112,18 +112,8 @@ def runtime_prefetch_steps(workload: Workload, plan_or_actions) -> dict[str, int
     (the runtime follows them exactly); for bare actions, the first backward step that reads
     each swapped tensor, either in backward or as the input of a recompute group (so groups
     rebuild from the copy rather than re-running its producer)."""
-    from ..schedule import first_use_step, make_plan
+    from ..schedule import first_need_step
 
     if isinstance(plan_or_actions, Plan):
         return dict(plan_or_actions.prefetch_step)
-    actions = plan_or_actions
-    steps = {n: first_use_step(workload, n) for n, a in actions.items() if a is Action.SWAP}
-    early = make_plan(workload, actions, policy="probe", budget_bytes=None, prefetch_step={n: 0 for n in steps})
-    n = len(workload.ops)
-    for reader, group in early.recompute_groups.items():
-        step = n - 1 - workload.op_index[reader]
-        for g in group:
-            for dep in workload.ops[workload.op_index[g]].inputs:
-                if dep in steps:
-                    steps[dep] = min(steps[dep], step)
-    return steps
+    return first_need_step(workload, plan_or_actions)
