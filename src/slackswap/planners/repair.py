@@ -141,8 +141,11 @@ def _rank(candidate: Candidate) -> tuple[float, float, int]:
     return (t.step_time_s, t.recompute_time_s, t.d2h_bytes)
 
 
+MAX_SIMULATIONS = 64  # per repair call: a bound on planning time
+
+
 def repair(workload: Workload, hardware: Hardware, start: Candidate, budget_bytes: int,
-           *, max_simulations: int = 64, memo: dict | None = None, allow_swaps: bool = True,
+           *, max_simulations: int = MAX_SIMULATIONS, memo: dict | None = None, allow_swaps: bool = True,
            spare: Spare | None = None) -> RepairResult:
     """Improve ``start`` one simulated change at a time. Without ``allow_swaps`` no change adds a
     swap, so a recompute-only start stays recompute-only: every plan simulated then makes no
