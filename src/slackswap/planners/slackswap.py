@@ -160,12 +160,13 @@ def fit_fewer_swaps(workload: Workload, hardware: Hardware, budget_bytes: int, i
     and size the first whose far end fits. Without it a faster link, accepting more swaps, could
     lose every family that a slower link fits (bert-large at 20 % of its peak, 2x PCIe 4.0:
     284 ms from everything swapped, where 1.5x gives 136 ms)."""
+    everything = keep_all_peak_bytes(facts_for(workload))  # a need no family can meet: its far end
     for i in range(tries - 1, 0, -1):
         prefix = accepted[: len(accepted) * i // tries]
         if not prefix:
             break
         make = family(prefix)
-        far_end = evaluate(workload, hardware, make(keep_all_peak_bytes(facts_for(workload))), budget_bytes, memo)
+        far_end = evaluate(workload, hardware, make(everything), budget_bytes, memo)
         if far_end.fits:
             return fit_need(workload, hardware, budget_bytes, initial_need, make,
                             allow_memory_stalls=True, rounds=14, memo=memo)
