@@ -294,3 +294,41 @@ def test_fit_need_goes_back_when_taking_more_off_raises_the_peak(monkeypatch):
     found = selection.fit_need(chain(4), fast_link(), 120, 0, make, rounds=14)
     assert visited[:3] == [0, 80, 40]
     assert found is not None and found.need == 40 and found.timeline.peak_memory_bytes == 120
+
+
+def test_fit_fewer_swaps_sizes_the_longest_swap_prefix_whose_far_end_fits(monkeypatch):
+    """When every accepted swap plus recomputing the rest does not fit (copies back hold memory
+    rebuilds would not), the family is sized again with 7/8, 6/8, ... of its swaps: the first
+    prefix whose far end fits is the one sized."""
+    import types
+
+    from slackswap.planners import slackswap as planner
+
+    accepted = [f"s{i}" for i in range(8)]
+    far_ends, sized = [], []
+
+    def family(prefix):
+        def make(need):
+            return tuple(prefix)
+        return make
+
+    fits_up_to = [5]
+
+    def fake_evaluate(workload, hardware, plan, budget_bytes, memo=None):
+        far_ends.append(len(plan))
+        return types.SimpleNamespace(fits=len(plan) <= fits_up_to[0])
+
+    def fake_fit_need(workload, hardware, budget_bytes, initial_need, make, **kwargs):
+        sized.append(make(initial_need))
+        return "sized"
+
+    monkeypatch.setattr(planner, "evaluate", fake_evaluate)
+    monkeypatch.setattr(planner, "fit_need", fake_fit_need)
+    found = planner.fit_fewer_swaps(chain(4), fast_link(), 100, 10, accepted, family, {})
+    assert found == "sized" and far_ends == [7, 6, 5] and sized == [tuple(accepted[:5])]
+    # nothing short enough fits: no sizing at all, and the empty prefix is never tried
+    far_ends.clear()
+    sized.clear()
+    fits_up_to[0] = 0
+    assert planner.fit_fewer_swaps(chain(4), fast_link(), 100, 10, accepted, family, {}) is None
+    assert far_ends == [7, 6, 5, 4, 3, 2, 1] and sized == []
