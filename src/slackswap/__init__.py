@@ -2,7 +2,7 @@
 
 from .errors import (
     BudgetError, InfeasiblePlanError, MissingExtraError, PlanMismatchError, SlackswapError,
-    UnknownNameError, ValidationError,
+    UnknownNameError, UnsupportedModelError, ValidationError,
 )
 from .hardware import PRESETS as HARDWARE_PRESETS, Hardware, get_hardware
 from .plans import Action, Plan
@@ -17,6 +17,6 @@ __version__ = "0.1.0"
 __all__ = [
     "Action", "apply", "plan", "profile", "BudgetError", "Event", "HARDWARE_PRESETS", "Hardware", "InfeasiblePlanError",
     "MissingExtraError", "Op", "Plan", "PlanMismatchError", "SlackswapError", "Tensor", "Timeline",
-    "UnknownNameError", "ValidationError", "Workload", "get_hardware", "make_plan", "simulate",
+    "UnknownNameError", "UnsupportedModelError", "ValidationError", "Workload", "get_hardware", "make_plan", "simulate",
     "simulate_ideal", "__version__",
 ]

@@ -64,6 +64,11 @@ class OutputPathError(SlackswapError):
     """An output file that cannot be written (missing directory, a directory, no permission)."""
 
 
+class UnsupportedModelError(SlackswapError):
+    """A model wrapping or call context the profiler and runtime cannot follow (FSDP, DTensor
+    parameters, multi-GPU DataParallel, CUDA graph capture)."""
+
+
 class CheckpointBackendError(SlackswapError):
     """The checkpoint backend cannot run this plan as planned (use backend="replay")."""
 

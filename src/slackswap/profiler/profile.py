@@ -12,6 +12,7 @@ from ..errors import ValidationError
 from ..hardware import Hardware, get_hardware
 from ..workload import Workload
 from .build import build_workload, median_times, project_onto
+from .model_support import check_not_capturing, unwrap_model
 from .tracer import CudaTimer, WallTimer, run_traced
 
 _LAST_PROFILE: "weakref.WeakKeyDictionary[torch.nn.Module, Workload]" = weakref.WeakKeyDictionary()
@@ -35,8 +36,9 @@ def workload_name(model: torch.nn.Module) -> str:
 
 
 def workload_for(model: torch.nn.Module) -> Workload | None:
-    """The workload the last profile_model call measured for this model object, if any."""
-    return _LAST_PROFILE.get(model)
+    """The workload the last profile_model call measured for this model object (or the model a
+    DistributedDataParallel or torch.compile wrapper holds), if any."""
+    return _LAST_PROFILE.get(unwrap_model(model, "slackswap"))
 
 
 def _devices(model: torch.nn.Module) -> list[int]:
@@ -61,6 +63,8 @@ def profile_model(
     """
     if not isinstance(model, torch.nn.Module):
         raise ValidationError(f"profile needs a torch.nn.Module, got {type(model).__name__}")
+    model = unwrap_model(model, "profile")
+    check_not_capturing("profile")
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise ValidationError(f"warmup must be an integer >= 0, got {warmup!r}")
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:

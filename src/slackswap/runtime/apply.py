@@ -6,6 +6,8 @@ import torch
 
 from ..errors import PlanMismatchError, ValidationError
 from ..plans import Plan, check_plan
+from ..profiler.model_support import called_from_compiled_code, check_not_capturing, unwrap_model, \
+    warn_compiled_runs_eagerly
 from ..workload import Workload
 from .mapping import ExecutionMap, build_execution_map
 from .replay import ForwardRecorder, RecordingMode
@@ -43,11 +45,21 @@ def device_and_param_keys(model: torch.nn.Module) -> tuple[torch.device, set]:
     return device, {(p.device.type, p.device.index, p.untyped_storage().data_ptr()) for p in params}
 
 
+def check_step_context(runtime) -> None:
+    """At a step's start: refuse a CUDA graph capture; warn once per runtime object when the
+    model is called through torch.compile, which then runs it eagerly (model_support.py)."""
+    check_not_capturing("slackswap.apply")
+    if not runtime._warned_compiled and called_from_compiled_code():
+        runtime._warned_compiled = True
+        warn_compiled_runs_eagerly("slackswap.apply")
+
+
 class PlanRuntime:
     """Context manager returned by :func:`apply_plan`. ``stats`` has the manager's counters,
     ``execution`` the ExecutionMap (what runs for each planned action)."""
 
     def __init__(self, model: torch.nn.Module, plan: Plan, workload: Workload | None = None) -> None:
+        model = unwrap_model(model, "slackswap.apply")
         workload = checked_workload(model, plan, workload)
         self.model = model
         self.plan = plan
@@ -58,6 +70,7 @@ class PlanRuntime:
         self.manager.param_keys = keys
         self.recorder = ForwardRecorder(workload, self.execution, self.manager, keys)
         self._active = False
+        self._warned_compiled = False
 
     @property
     def stats(self) -> RuntimeStats:
@@ -90,6 +103,7 @@ class PlanRuntime:
 
     def _begin_step(self, module, args) -> None:
         if torch.is_grad_enabled():
+            check_step_context(self)
             self.manager.begin_step()
             self.recorder.begin_step()
 
@@ -113,7 +127,12 @@ def apply_plan(model: torch.nn.Module, plan: Plan, workload: Workload | None = N
     or "checkpoint" (torch.utils.checkpoint with selective-checkpoint policies; refuses, with a
     CheckpointBackendError, plans it cannot run as planned). ``hardware`` (checkpoint only, default
     the planning default) is what its memory check simulates on.
+
+    ``model`` may be wrapped by DistributedDataParallel or torch.compile: the runtime follows the
+    module inside (profiler/model_support.py). FSDP, DTensor parameters and CUDA graph capture
+    raise UnsupportedModelError.
     """
+    model = unwrap_model(model, "slackswap.apply")
     if backend == "replay":
         if hardware is not None:
             raise ValidationError('hardware= is used by backend="checkpoint" only: drop it for the replay backend')

@@ -27,7 +27,7 @@ from ..errors import CheckpointBackendError, PlanMismatchError
 from ..plans import Plan
 from ..profiler.tracer import _IGNORED_OPS
 from ..workload import Workload
-from .apply import device_and_param_keys
+from .apply import check_step_context, device_and_param_keys
 from .checkpoint_map import CheckpointMap, Region, build_checkpoint_map
 from .replay import ForwardRecorder, RecordingMode
 from .swap import RuntimeStats, SwapManager
@@ -139,6 +139,7 @@ class CheckpointRuntime:
         self.manager.param_keys = keys
         self.recorder = ForwardRecorder(workload, self.execution, self.manager, keys)
         self._active = False
+        self._warned_compiled = False
 
     @property
     def stats(self) -> RuntimeStats:
@@ -183,6 +184,7 @@ class CheckpointRuntime:
 
     def _begin_step(self, module, args) -> None:
         if torch.is_grad_enabled():
+            check_step_context(self)
             self._calls.clear()
             self.manager.begin_step()
             self.recorder.begin_step()

@@ -1,0 +1,215 @@
+"""Wrapped models and call contexts (issue 6, item 4): what the profiler and the runtime accept.
+
+- DistributedDataParallel (gloo, world size 1, on CPU): profiled and run through its inner module,
+  with gradients bit-identical to unplanned DDP training, swapping or recomputing everything.
+- torch.compile: the wrapper is looked through; under the runtime the model runs eagerly (Dynamo
+  skips frames while a TorchDispatchMode is active), which one RuntimeFallbackWarning says.
+- FSDP2 (fully_shard), FSDP1, DTensor parameters, multi-GPU DataParallel and CUDA graph capture
+  raise UnsupportedModelError, one line naming the wrapper and the fix, before anything runs;
+  on the CLI that is exit code 2.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+if not dist.is_available():  # pragma: no cover - torch built without distributed
+    pytest.skip("torch.distributed is not available", allow_module_level=True)
+
+import slackswap  # noqa: E402
+from slackswap import Action, make_plan  # noqa: E402
+from slackswap.errors import RuntimeFallbackWarning, UnsupportedModelError  # noqa: E402
+from slackswap.examples import loss_fn, make_batch, make_example  # noqa: E402
+from slackswap.profiler import profile_model, workload_for  # noqa: E402
+from slackswap.runtime import runtime_prefetch_steps  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def process_group(tmp_path_factory):
+    """A one-process gloo group, initialized through a file (no port to collide on)."""
+    if dist.is_initialized():  # pragma: no cover - another module left one behind
+        pytest.skip("a process group is already initialized")
+    store = tmp_path_factory.mktemp("pg") / "store"
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def every(workload, how: str):
+    candidates = [t.name for t in workload.saved_tensors if t.producer is not None]
+    actions = {name: Action(how) for name in candidates}
+    return make_plan(workload, actions, policy=how, budget_bytes=None,
+                     prefetch_step=runtime_prefetch_steps(workload, actions))
+
+
+def one_step(model, batch, runtime=None):
+    torch.manual_seed(7)  # dropout draws from the global generator
+    model.zero_grad(set_to_none=True)
+    if runtime is None:
+        loss = loss_fn(model, batch)
+        loss.backward()
+    else:
+        with runtime:
+            loss = loss_fn(model, batch)
+            loss.backward()
+    return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+
+def assert_same(a, b):
+    assert torch.equal(a[0], b[0])
+    assert len(a[1]) == len(b[1]) and all(torch.equal(x, y) for x, y in zip(a[1], b[1]))
+
+
+# ---- DistributedDataParallel -----------------------------------------------------------------------
+
+def test_ddp_model_is_profiled_and_trained_through_its_inner_module(process_group):
+    from torch.nn.parallel import DistributedDataParallel
+
+    plain = make_example("gpt2")
+    ddp = DistributedDataParallel(copy.deepcopy(plain))
+    batch = make_batch(seed=0)
+    reference = one_step(ddp, batch)
+
+    workload = profile_model(ddp, batch, loss_fn, repeats=1)
+    # the inner module's ops only: DDP's buffer broadcast and reducer work are not model ops
+    assert workload.name == profile_model(plain, batch, loss_fn, repeats=1).name
+    assert workload_for(ddp) is workload
+    for how in ("swap", "recompute"):
+        runtime = slackswap.apply(ddp, every(workload, how))  # the workload is found through the wrapper
+        for _ in range(2):
+            assert_same(one_step(ddp, batch, runtime), reference)
+        moved = runtime.stats.d2h_bytes if how == "swap" else runtime.stats.recompute_ops
+        assert moved > 0, f"{how}: the plan did nothing ({runtime.stats})"
+
+
+def test_single_device_data_parallel_is_looked_through_and_multi_gpu_refused():
+    model = make_example("gpt2")
+    batch = make_batch(seed=0)
+    wrapped = torch.nn.DataParallel(model)  # on CPU: no devices, forward calls the module
+    workload = profile_model(wrapped, batch, loss_fn, repeats=1)
+    assert workload_for(model) is workload
+    wrapped.device_ids = [0, 1]  # what DataParallel over two GPUs holds
+    with pytest.raises(UnsupportedModelError, match=r"^profile: torch.nn.DataParallel over 2 GPUs .* "
+                                                    r"use DistributedDataParallel"):
+        profile_model(wrapped, batch, loss_fn, repeats=1)
+    with pytest.raises(UnsupportedModelError, match="DataParallel over 2 GPUs"):
+        slackswap.apply(wrapped, every(workload, "swap"))
+
+
+# ---- FSDP and DTensor: refused ---------------------------------------------------------------------
+
+def test_fully_shard_model_is_refused_by_profile_and_apply(process_group):
+    from torch.distributed.fsdp import fully_shard
+
+    model = make_example("gpt2")
+    batch = make_batch(seed=0)
+    workload = profile_model(model, batch, loss_fn, repeats=1)
+    plan = every(workload, "swap")
+    sharded = fully_shard(copy.deepcopy(model))
+    for call in (lambda: profile_model(sharded, batch, loss_fn), lambda: slackswap.apply(sharded, plan, workload=workload)):
+        with pytest.raises(UnsupportedModelError) as info:
+            call()
+        message = str(info.value)
+        assert "\n" not in message
+        assert "the model is wrapped by fully_shard (FSDP2)" in message and "unsharded model" in message
+    # the model itself still trains without slackswap
+    loss = loss_fn(sharded, batch)
+    loss.backward()
+
+
+def test_fsdp1_submodule_is_refused_by_name(process_group):
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    model = make_example("gpt2")
+    name, child = next((n, m) for n, m in model.named_children() if any(True for _ in m.parameters()))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "switching to NO_SHARD since the world size is 1"
+        setattr(model, name, FullyShardedDataParallel(child, device_id=torch.device("cpu")))
+    with pytest.raises(UnsupportedModelError, match=rf"module '{name}' is wrapped by FullyShardedDataParallel \(FSDP1\)"):
+        profile_model(model, make_batch(seed=0), loss_fn)
+
+
+def test_dtensor_parameter_is_refused_by_name(process_group):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (1,))
+    layer = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 1))
+    layer[1].weight = torch.nn.Parameter(distribute_tensor(layer[1].weight.detach(), mesh, [Replicate()]))
+    with pytest.raises(UnsupportedModelError, match=r"parameter '1.weight' is a DTensor"):
+        profile_model(layer, torch.randn(2, 3), lambda m, b: m(b).sum())
+
+
+# ---- CUDA graph capture: refused at the step's start ------------------------------------------------
+
+def test_cuda_graph_capture_is_refused_and_the_model_stays_usable(monkeypatch):
+    model = make_example("gpt2")
+    batch = make_batch(seed=0)
+    workload = profile_model(model, batch, loss_fn, repeats=1)
+    plan = every(workload, "swap")
+    reference = one_step(model, batch)
+    with monkeypatch.context() as patch:
+        # what torch reports inside torch.cuda.graph(...) on a GPU
+        patch.setattr(torch.cuda, "is_available", lambda: True)
+        patch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+        with pytest.raises(UnsupportedModelError, match=r"^profile: a CUDA graph is being captured"):
+            profile_model(model, batch, loss_fn)
+        runtime = slackswap.apply(model, plan)
+        with pytest.raises(UnsupportedModelError, match=r"^slackswap.apply: a CUDA graph is being captured.*"
+                                                        r"outside torch.cuda.graph"):
+            one_step(model, batch, runtime)
+        assert runtime.stats.steps == 0
+    assert_same(one_step(model, batch, runtime), reference)
+    assert runtime.stats.d2h_bytes > 0
+
+
+# ---- torch.compile: looked through, runs eagerly under the runtime, says so -------------------------
+
+def test_compiled_model_runs_eagerly_under_the_runtime_with_one_warning():
+    model = make_example("gpt2")
+    batch = make_batch(seed=0)
+    workload = profile_model(model, batch, loss_fn, repeats=1)
+    reference = one_step(model, batch)
+    compiled = torch.compile(model, backend="aot_eager")
+    assert profile_model(compiled, batch, loss_fn, repeats=1).name == workload.name
+    plan = dataclasses.replace(every(workload, "swap"))
+    runtime = slackswap.apply(compiled, plan, workload=workload)  # the eager model's plan
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            assert_same(one_step(compiled, batch, runtime), reference)
+    fallbacks = [w for w in caught if issubclass(w.category, RuntimeFallbackWarning)]
+    assert len(fallbacks) == 1, [str(w.message) for w in caught]
+    assert "runs uncompiled under the runtime" in str(fallbacks[0].message)
+    assert runtime.stats.d2h_bytes > 0
+    # the eager model under the runtime warns about nothing
+    eager_runtime = slackswap.apply(model, plan, workload=workload)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert_same(one_step(model, batch, eager_runtime), reference)
+    assert not [w for w in caught if issubclass(w.category, RuntimeFallbackWarning)]
+
+
+def test_profile_command_refuses_a_sharded_model_with_exit_code_2(process_group, tmp_path, capsys):
+    from slackswap.cli import main
+
+    source = tmp_path / "sharded.py"
+    source.write_text(
+        "from torch.distributed.fsdp import fully_shard\n"
+        "from slackswap.examples import loss_fn, make_batch as example_batch, make_example\n"
+        "def make_model():\n"
+        "    return fully_shard(make_example('gpt2'))\n"
+        "def make_batch():\n"
+        "    return example_batch(seed=0)\n"
+    )
+    out = tmp_path / "w.json"
+    assert main(["profile", str(source), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "wrapped by fully_shard (FSDP2)" in err and "Traceback" not in err
+    assert not out.exists() and list(tmp_path.iterdir()) == [source]
