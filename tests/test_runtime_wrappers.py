@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import copy
-import dataclasses
 import warnings
 
 import pytest
@@ -178,7 +177,7 @@ def test_compiled_model_runs_eagerly_under_the_runtime_with_one_warning():
     reference = one_step(model, batch)
     compiled = torch.compile(model, backend="aot_eager")
     assert profile_model(compiled, batch, loss_fn, repeats=1).name == workload.name
-    plan = dataclasses.replace(every(workload, "swap"))
+    plan = every(workload, "swap")
     runtime = slackswap.apply(compiled, plan, workload=workload)  # the eager model's plan
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
