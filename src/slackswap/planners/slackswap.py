@@ -41,6 +41,10 @@ Rules (docs/planners.md explains each with its reason):
    `slackswap-paper` (2013.6 ms); the runner-up's ends at 2007.7 ms. Continuing the first repair
    to 128 simulations reaches only 2014.4 ms. Gated on the cap so that plans whose repair ends
    in a local optimum (llama-7b at 50 %, 0.76 s) pay nothing.
+9. Exact where it is cheap: with at most EXACT_MAX_CANDIDATES candidate tensors, a branch and bound
+   over every keep / swap / recompute assignment (exact.py), started from rules 1-8's plan, within
+   EXACT_MAX_SIMULATIONS. When it finishes (plan info ``exact_search: complete``) no assignment
+   simulates faster; the built-in models (370-730 candidates) never qualify.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ from ..plans import Plan
 from ..workload import Workload
 from .common import build, evaluate, facts_for, natural_peak_bytes, policy_cannot_fit, with_info
 from .copies import WindowBooking
+from .exact import EXACT_MAX_CANDIDATES, branch_and_bound
 from .repair import MAX_SIMULATIONS, Spare, _rank, repair
 from .selection import actions_for, fit_need, keep_all_peak_bytes, knapsack_min_time, op_items
 
@@ -280,7 +285,16 @@ def plan_slackswap(workload: Workload, hardware: Hardware, budget_bytes: int) ->
         if _rank(found.best) < _rank(result.best):
             result, start_order = found, label
     simulations = repair_simulations + allowance - spare.left
-    return with_info(result.best.plan, rule="windowed swaps + knapsack recompute + simulator repair",
+    best, moves, exact_search = result.best, result.moves, None
+    if len(facts.candidates) <= EXACT_MAX_CANDIDATES:
+        # Rule 9: few enough candidates for an exact search, started from what rules 1-8 found.
+        exact = branch_and_bound(workload, hardware, budget_bytes, best, memo, policy=POLICY)
+        simulations += exact.simulations
+        exact_search = "complete" if exact.complete else "cut off"
+        if exact.best is not best:
+            best, moves, start_order = exact.best, 0, "exact"
+    info = {"exact_search": exact_search} if exact_search is not None else {}
+    return with_info(best.plan, rule="windowed swaps + knapsack recompute + simulator repair",
                      start_order=start_order,
-                     repair_moves=result.moves, simulations=simulations,
-                     predicted_step_time_s=result.best.step_time_s)
+                     repair_moves=moves, simulations=simulations,
+                     predicted_step_time_s=best.step_time_s, **info)

@@ -1,0 +1,171 @@
+"""Rule 9 of `slackswap`: an exact search where it is cheap.
+
+A branch and bound over every keep / swap / recompute assignment of the candidate tensors, each
+assignment with the schedule `make_plan` derives for the hardware (the same plans
+tests/brute_force.py enumerates), simulated under the budget. It starts from the heuristic's
+plan as the incumbent and drops a partial assignment when a lower bound on every completion's
+step time is no better. When it finishes within its simulation cap its plan is the fastest any
+assignment gives; a local search can return different local optima for neighbouring inputs
+(more budget, a faster link), the exhaustive best cannot (docs/planners.md, rule 9).
+
+Lower bounds, each valid whatever the undecided tensors become (keeping costs nothing):
+
+- memory: when backward op k runs, the step's inputs, every tensor some reader at or after k and
+  some reader at or before k reads (present whatever its action), and every kept tensor not yet
+  read are all on the device; a keep that would push any of these sums over the budget is not
+  tried (k past the last op is the end of forward: all kept tensors);
+- compute: the ideal step plus one forward run of each producer of a recomputed tensor (the
+  compute stream runs one op at a time);
+- copies, at the full link rate with the per-copy latency: a swapped tensor is made, copied
+  out, copied back, and then every backward op from its last reader down still runs; the copy
+  out that ends last on the D2H stream, and the copy back that ends last on H2D, each add the
+  same tail.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+from ..hardware import Hardware
+from ..plans import Action
+from ..workload import Workload
+from .common import Candidate, build, evaluate, facts_for
+from .repair import _rank
+
+# Up to 3**12 assignments before pruning; with the cap below the search costs at most about a
+# second on a few-op workload (0.2 ms per simulation) and never runs on the built-in models.
+EXACT_MAX_CANDIDATES = 12
+EXACT_MAX_SIMULATIONS = 4000
+_ROUNDING = 1e-12  # bounds are sums taken in another order than the simulator's
+
+
+@dataclass(frozen=True)
+class ExactResult:
+    best: Candidate
+    simulations: int
+    complete: bool  # True: no assignment simulates faster than ``best``
+
+
+class Bounds:
+    """The lower bounds of one workload on one link (module docstring), for any assignment."""
+
+    def __init__(self, workload: Workload, hardware: Hardware) -> None:
+        w = workload
+        facts = facts_for(w)
+        self.ideal_s = w.ideal_step_time_s
+        self.fwd_s = {op.name: op.fwd_time_s for op in w.ops}
+        self.producer = {n: w.tensor_by_name[n].producer for n in facts.candidates}
+        fwd_end = list(itertools.accumulate(op.fwd_time_s for op in w.ops))
+        # backward time of ops[0..i]: what still runs once op i's backward may start
+        bwd_through = list(itertools.accumulate(op.bwd_time_s for op in w.ops))
+        self.made_s, self.tail_s, self.out_s, self.in_s = {}, {}, {}, {}
+        self.first_read, self.last_read = {}, {}  # backward readers' op indices, min and max
+        for name in facts.candidates:
+            tensor = w.tensor_by_name[name]
+            readers = [w.op_index[r] for r in tensor.bwd_readers]
+            self.first_read[name], self.last_read[name] = min(readers), max(readers)
+            self.made_s[name] = fwd_end[w.op_index[tensor.producer]]
+            self.tail_s[name] = bwd_through[max(readers)]
+            self.out_s[name] = hardware.copy_latency_s + tensor.size_bytes / hardware.d2h_bytes_per_s
+            self.in_s[name] = hardware.copy_latency_s + tensor.size_bytes / hardware.h2d_bytes_per_s
+        # Bytes on the device when backward op k runs (k = len(ops): when forward ends) from every
+        # tensor whose backward readers span k, whatever its action (copied back or rebuilt before
+        # its first reader, freed after its last); kept tensors add to this (add_kept).
+        self.held = [facts.input_bytes] * (len(w.ops) + 1)
+        for name in facts.candidates:
+            for k in range(self.first_read[name], self.last_read[name] + 1):
+                self.held[k] += facts.size[name]
+
+    def step_time_s(self, recomputed: list[str], swapped: list[str]) -> float:
+        rerun = sorted({self.producer[n] for n in recomputed})
+        bound = self.ideal_s + math.fsum(self.fwd_s[op] for op in rerun)
+        if swapped:
+            bound = max(
+                bound,
+                one_stream_bound([(self.made_s[n], self.out_s[n], self.in_s[n] + self.tail_s[n]) for n in swapped]),
+                one_stream_bound([(self.made_s[n] + self.out_s[n], self.in_s[n], self.tail_s[n]) for n in swapped]),
+            )
+        return bound
+
+    def peak_bytes(self, kept: list[str], size: dict[str, int]) -> int:
+        """A lower bound on the peak of any plan that keeps ``kept``."""
+        held = list(self.held)
+        for name in kept:
+            for k in range(self.last_read[name] + 1, len(held)):
+                held[k] += size[name]
+        return max(held)
+
+
+def one_stream_bound(jobs: list[tuple[float, float, float]]) -> float:
+    """Least end of any schedule of copies on one stream, each (ready_s, copy_s, after_s): it
+    starts once ready and, once it ends, ``after_s`` more must pass before the step can end.
+    For any subset, the earliest ready time plus every copy in it plus the least ``after_s``
+    bounds the end (whichever copy of the subset runs last); subsets of the copies ready no
+    sooner than a threshold, and of those with at least a given ``after_s``, are tried."""
+    best = 0.0
+    for key in (0, 2):
+        ordered = sorted(jobs, key=lambda j: j[key], reverse=True)
+        busy = 0.0
+        least_ready = least_after = math.inf
+        for ready_s, copy_s, after_s in ordered:
+            busy += copy_s
+            least_ready = min(least_ready, ready_s)
+            least_after = min(least_after, after_s)
+            best = max(best, least_ready + busy + least_after)
+    return best
+
+
+def branch_and_bound(workload: Workload, hardware: Hardware, budget_bytes: int, incumbent: Candidate,
+                     memo: dict, *, policy: str, max_simulations: int = EXACT_MAX_SIMULATIONS) -> ExactResult:
+    facts = facts_for(workload)
+    # Large tensors first: their choice decides most of the memory and copy bounds.
+    names = sorted(facts.candidates, key=lambda n: (-facts.size[n], facts.production_order[n]))
+    bounds = Bounds(workload, hardware)
+    held = bounds.held  # updated in place as tensors are kept, restored on the way back
+    best = incumbent
+    simulations = 0
+    complete = True
+    actions: dict[str, Action] = {}
+    recomputed: list[str] = []
+    swapped: list[str] = []
+
+    def visit(i: int) -> None:
+        nonlocal best, simulations, complete
+        if not complete:
+            return
+        # Ties are dropped too: the search is exact in step time, not in the tie-breaks.
+        if bounds.step_time_s(recomputed, swapped) >= best.step_time_s * (1 - _ROUNDING):
+            return
+        if i == len(names):
+            if simulations >= max_simulations:
+                complete = False
+                return
+            simulations += 1
+            plan = build(workload, hardware, {n: actions[n] for n in facts.candidates}, policy, budget_bytes)
+            found = evaluate(workload, hardware, plan, budget_bytes, memo)
+            if found.fits and _rank(found) < _rank(best):
+                best = found
+            return
+        name = names[i]
+        size, later = facts.size[name], range(bounds.last_read[name] + 1, len(held))
+        if all(held[k] + size <= budget_bytes for k in later):
+            actions[name] = Action.KEEP
+            for k in later:
+                held[k] += size
+            visit(i + 1)
+            for k in later:
+                held[k] -= size
+        actions[name] = Action.SWAP
+        swapped.append(name)
+        visit(i + 1)
+        swapped.pop()
+        actions[name] = Action.RECOMPUTE
+        recomputed.append(name)
+        visit(i + 1)
+        recomputed.pop()
+        del actions[name]
+
+    visit(0)
+    return ExactResult(best=best, simulations=simulations, complete=complete)
