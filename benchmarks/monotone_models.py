@@ -12,6 +12,7 @@ listed with its excess. Takes about 10 minutes on a 2-core machine (one plan tak
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -33,9 +34,12 @@ def main() -> None:
     parser.add_argument("--preset", default="a100-80gb-pcie4", choices=sorted(PRESETS))
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--results", type=Path, help="write the Markdown table here")
+    parser.add_argument("--steps-json", type=Path,
+                        help="also write every planned step time (s) as JSON, to compare two versions' quality")
     args = parser.parse_args()
     hw = PRESETS[args.preset]
     failures: list[tuple] = []
+    steps: dict[str, float] = {}
     checked = 0
     started = time.perf_counter()
     for model in args.models.split(","):
@@ -44,9 +48,11 @@ def main() -> None:
 
         def step_s(link, budget: int) -> float:
             try:
-                return simulate(workload, link, plan_workload(workload, link, budget, "slackswap"), budget).step_time_s
+                found = simulate(workload, link, plan_workload(workload, link, budget, "slackswap"), budget).step_time_s
             except SlackswapError:
-                return float("inf")  # below what the policy can fit: any later fit is an improvement
+                found = float("inf")  # below what the policy can fit: any later fit is an improvement
+            steps[f"{model} {budget} B d2h {link.d2h_bytes_per_s:g} h2d {link.h2d_bytes_per_s:g}"] = found
+            return found
 
         previous = None
         for pct in BUDGET_PCTS:
@@ -88,6 +94,8 @@ def main() -> None:
     print(text)
     if args.results:
         args.results.write_text(text)
+    if args.steps_json:
+        args.steps_json.write_text(json.dumps(steps, indent=0, sort_keys=True) + "\n")
 
 
 if __name__ == "__main__":

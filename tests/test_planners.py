@@ -296,15 +296,54 @@ def test_fit_need_goes_back_when_taking_more_off_raises_the_peak(monkeypatch):
     assert found is not None and found.need == 40 and found.timeline.peak_memory_bytes == 120
 
 
+def test_fit_need_leaps_past_a_range_of_needs_that_all_raise_the_peak(monkeypatch):
+    """gpt2-xl at 52 % of its peak: the first need overshoots a little, every need in the next
+    2 GiB picks larger items and peaks higher, and the first need that clears lies beyond. Going
+    back halfway finds nothing, so the sizing leaps past the largest need tried (1 % of the
+    keep-all peak, then 2 %, 4 %, ...) instead of going back and forth in the range (before,
+    it spent every round there and returned nothing); here the least need that
+    clears is 10 % of the keep-all peak, and the bisection then finds exactly it."""
+    import types
+
+    from slackswap.planners import selection
+
+    total = 10_000  # keep-all peak, B: needs are sized in steps of 1 % of it
+    monkeypatch.setattr(selection, "keep_all_peak_bytes_of", lambda workload: total)
+    clears_from = total // 10
+
+    def peak_at(need: int) -> int:
+        # 10 B over at the first need; in between, the more is taken off the higher the peak
+        # (larger items, longer groups), 1 B more per 1 % of the keep-all peak
+        return 130 if need == 0 else 131 + need // 100 if need < clears_from else 110
+
+    def fake_evaluate(workload, hardware, need, budget_bytes, memo=None):
+        peak = peak_at(need)
+        fits = peak <= 120
+        return types.SimpleNamespace(fits=fits, step_time_s=1.0 + need / 1000 if fits else float("inf"),
+                                     timeline=types.SimpleNamespace(peak_memory_bytes=peak), need=need)
+
+    monkeypatch.setattr(selection, "evaluate", fake_evaluate)
+    visited = []
+
+    def make(need: int) -> int:
+        visited.append(need)
+        return need
+
+    found = selection.fit_need(chain(4), fast_link(), 120, 0, make, rounds=14)
+    assert found is not None and found.need == clears_from
+    assert max(visited) < 2 * clears_from  # leaps double from 1 %: past 10 % without running far
+
+
 def test_fit_fewer_swaps_sizes_the_longest_swap_prefix_whose_far_end_fits(monkeypatch):
     """When every accepted swap plus recomputing the rest does not fit (copies back hold memory
-    rebuilds would not), the family is sized again with 7/8, 6/8, ... of its swaps: the first
-    prefix whose far end fits is the one sized."""
+    rebuilds would not), the far ends of 7/8, 6/8, ... of the list are tried until one fits, the
+    longest fitting prefix is bisected between that one and the next longer, and both the first
+    fitting prefix and the longest are sized: both are start candidates."""
     import types
 
     from slackswap.planners import slackswap as planner
 
-    accepted = [f"s{i}" for i in range(8)]
+    accepted = [f"s{i}" for i in range(80)]
     far_ends, sized = [], []
 
     def family(prefix):
@@ -312,23 +351,27 @@ def test_fit_fewer_swaps_sizes_the_longest_swap_prefix_whose_far_end_fits(monkey
             return tuple(prefix)
         return make
 
-    fits_up_to = [5]
+    fits = [range(1, 68)]  # prefix lengths whose far end fits
 
     def fake_evaluate(workload, hardware, plan, budget_bytes, memo=None):
         far_ends.append(len(plan))
-        return types.SimpleNamespace(fits=len(plan) <= fits_up_to[0])
+        return types.SimpleNamespace(fits=len(plan) in fits[0])
 
     def fake_fit_need(workload, hardware, budget_bytes, initial_need, make, **kwargs):
-        sized.append(make(initial_need))
-        return "sized"
+        prefix = make(initial_need)
+        sized.append(len(prefix))
+        return types.SimpleNamespace(step_time_s=1.0, prefix=prefix)
 
     monkeypatch.setattr(planner, "evaluate", fake_evaluate)
     monkeypatch.setattr(planner, "fit_need", fake_fit_need)
     found = planner.fit_fewer_swaps(chain(4), fast_link(), 100, 10, accepted, family, {})
-    assert found == "sized" and far_ends == [7, 6, 5] and sized == [tuple(accepted[:5])]
+    # down from the list: 70 does not fit, 60 does; bisect 60..70: 65 fits, 67 fits, 68 does not
+    assert far_ends == [70, 60, 65, 67, 68]
+    # both sized, the longest first: each is a start candidate
+    assert sized == [67, 60] and [f.prefix for f in found] == [tuple(accepted[:67]), tuple(accepted[:60])]
     # nothing short enough fits: no sizing at all, and the empty prefix is never tried
     far_ends.clear()
     sized.clear()
-    fits_up_to[0] = 0
-    assert planner.fit_fewer_swaps(chain(4), fast_link(), 100, 10, accepted, family, {}) is None
-    assert far_ends == [7, 6, 5, 4, 3, 2, 1] and sized == []
+    fits[0] = range(0)
+    assert planner.fit_fewer_swaps(chain(4), fast_link(), 100, 10, accepted, family, {}) == []
+    assert far_ends == [70, 60, 50, 40, 30, 20, 10] and sized == []

@@ -146,6 +146,8 @@ def fit_need(
     high = None  # smallest need known to clear
     grown: tuple[int, int] | None = None  # (need, peak) of the last step of the growth phase
     seen: dict[int, bool] = {}
+    leap = total // 100
+    went_back = False
     for _ in range(rounds):
         if need in seen:
             break
@@ -169,10 +171,22 @@ def fit_need(
             if plan is None:
                 break
             if grown is not None and peak > grown[1] and need - grown[0] > 1:
-                # Taking more off raised the peak (a family's far end rebuilds long groups in
-                # backward): the need that fits, if any, lies before this one, so go back halfway.
-                need = grown[0] + (need - grown[0]) // 2
+                back = grown[0] + (need - grown[0]) // 2
+                if not went_back and back not in seen:
+                    # Taking more off raised the peak (a family's far end rebuilds long groups in
+                    # backward): a need that fits may lie before this one, so go back halfway.
+                    went_back = True
+                    need = back
+                    continue
+                # Halfway back the peak is still higher: the knapsack's sets are not nested, and
+                # a whole range of needs can pick larger items that rebuild in longer groups. A
+                # need that clears can lie beyond it (gpt2-xl at 52 % of its peak: 1.9 GiB past
+                # the first need), so leap past the largest need tried, doubling each time.
+                went_back = False
+                need = max(seen) + leap
+                leap *= 2
                 continue
+            went_back = False
             step = max(peak - budget_bytes, total // 100)
             if grown is not None and peak == grown[1]:
                 # No change: the plan is likely the same (items are whole producers, so a need

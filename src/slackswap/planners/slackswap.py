@@ -159,23 +159,51 @@ def best_recompute_only(workload: Workload, hardware: Hardware, budget_bytes: in
 
 def fit_fewer_swaps(workload: Workload, hardware: Hardware, budget_bytes: int, initial_need: int,
                     accepted: list[str], family, memo: dict, *, tries: int = 8):
-    """Rule 4's fallback when a family's far end (every accepted swap, everything else
-    recomputed) does not fit: the copies back of that many swaps hold memory in backward that
-    rebuilding would not. Swap a shorter prefix of the accepted list (7/8 of it, then 6/8, ...)
-    and size the first whose far end fits. Without it a faster link, accepting more swaps, could
-    lose every family that a slower link fits (bert-large at 20 % of its peak, 2x PCIe 4.0:
-    284 ms from everything swapped, where 1.5x gives 136 ms)."""
+    """Rule 4's fallback when a family cannot be sized: its far end (every accepted swap,
+    everything else recomputed) may not fit, because copies back hold memory in backward that
+    rebuilding would not. Bisect for the longest prefix of the accepted list whose far end fits
+    (taking fewer swaps lowers that memory) and size it, and also the first prefix of 7/8, 6/8,
+    ... of the list whose far end fits, which leaves the knapsack more room between the far end
+    and the budget. Both sized plans are start candidates (rule 8 may repair the second). Without it a
+    faster link, accepting more swaps, could lose every family that a slower link fits
+    (bert-large at 20 % of its peak, 2x PCIe 4.0: 284 ms from everything swapped, where 1.5x
+    gives 136 ms); a coarser search (7/8, 6/8, ... of the list) lost most of the family on a
+    link 10 % faster (llama-7b at 20 %: 264 swaps fit at x1, 272 at x1.1 do not, 238 gave
+    2098 ms against 2025 ms)."""
     everything = keep_all_peak_bytes(facts_for(workload))  # a need no family can meet: its far end
+
+    def far_end_fits(length: int) -> bool:
+        return evaluate(workload, hardware, family(accepted[:length])(everything), budget_bytes, memo).fits
+
+    # The far end of a short prefix need not fit either (recomputing nearly everything rebuilds
+    # long groups), so search down from the full list: 7/8 of it, 6/8, ... until one fits, then
+    # bisect between that and the next longer one, which did not.
+    high = len(accepted)
+    low = 0
     for i in range(tries - 1, 0, -1):
-        prefix = accepted[: len(accepted) * i // tries]
-        if not prefix:
+        length = len(accepted) * i // tries
+        if length == 0:
             break
-        make = family(prefix)
-        far_end = evaluate(workload, hardware, make(everything), budget_bytes, memo)
-        if far_end.fits:
-            return fit_need(workload, hardware, budget_bytes, initial_need, make,
-                            allow_memory_stalls=True, rounds=14, memo=memo)
-    return None
+        if far_end_fits(length):
+            low = length
+            break
+        high = length
+    if low == 0:
+        return []
+    first = low
+    while high - low > 1:
+        mid = (low + high) // 2
+        if far_end_fits(mid):
+            low = mid
+        else:
+            high = mid
+    sized = []
+    for length in dict.fromkeys((low, first)):
+        found = fit_need(workload, hardware, budget_bytes, initial_need, family(accepted[:length]),
+                         allow_memory_stalls=True, rounds=14, memo=memo)
+        if found is not None:
+            sized.append(found)
+    return sized
 
 
 def plan_slackswap(workload: Workload, hardware: Hardware, budget_bytes: int) -> Plan:
@@ -234,16 +262,15 @@ def plan_slackswap(workload: Workload, hardware: Hardware, budget_bytes: int) ->
         accepted = windowed_swaps(facts, hardware, ranked, spill=spill)
         found = fit_need(workload, hardware, budget_bytes, initial_need, family(accepted),
                          allow_memory_stalls=True, rounds=14, memo=memo)
-        if found is None:
-            found = fit_fewer_swaps(workload, hardware, budget_bytes, initial_need, accepted, family, memo)
-        if found is None:
-            continue
-        if start is None or found.step_time_s < start.step_time_s:
-            if start is not None:
-                others.append((start, start_order))
-            start, start_order = found, label
-        else:
-            others.append((found, label))
+        sized = [found] if found is not None else \
+            fit_fewer_swaps(workload, hardware, budget_bytes, initial_need, accepted, family, memo)
+        for found in sized:
+            if start is None or found.step_time_s < start.step_time_s:
+                if start is not None:
+                    others.append((start, start_order))
+                start, start_order = found, label
+            else:
+                others.append((found, label))
     swap_all = None
     if start is None or spare.left > 0:
         # The lowest-memory plan (everything swapped) fits every budget down to the minimum: the
@@ -266,8 +293,18 @@ def plan_slackswap(workload: Workload, hardware: Hardware, budget_bytes: int) ->
         others.append((swap_all, "all-swap"))
     result = repair(workload, hardware, start, budget_bytes, memo=memo, spare=spare)
     repair_simulations = floor_simulations + result.simulations
-    # Rule 7 (c): the other starts, best first, while the spare lasts.
+    # Rule 7 (c): the other starts, best first, while the spare lasts. Two families can size to
+    # the same plan (a shorter swap prefix of both); the repeat and copies of the start are
+    # dropped, so that rule 8's runner-up is another plan.
     others.sort(key=lambda item: _rank(item[0]))
+    distinct = {tuple(start.plan.actions.items())}
+    unique = []
+    for other, label in others:
+        key = tuple(other.plan.actions.items())
+        if key not in distinct:
+            distinct.add(key)
+            unique.append((other, label))
+    others = unique
     for other, label in others:
         if spare.left <= 0:
             break
