@@ -1,7 +1,8 @@
 """Wrapped models and call contexts (issue 6, item 4): what the profiler and the runtime accept.
 
-- DistributedDataParallel (gloo, world size 1, on CPU): profiled and run through its inner module,
-  with gradients bit-identical to unplanned DDP training, swapping or recomputing everything.
+- DistributedDataParallel (gloo on CPU, one process and two): profiled and run through its inner
+  module, with gradients bit-identical to unplanned DDP training, swapping or recomputing
+  everything.
 - torch.compile: the wrapper is looked through; under the runtime the model runs eagerly (Dynamo
   skips frames while a TorchDispatchMode is active), which one RuntimeFallbackWarning says.
 - FSDP2 (fully_shard), FSDP1, DTensor parameters, multi-GPU DataParallel and CUDA graph capture
@@ -85,6 +86,38 @@ def test_ddp_model_is_profiled_and_trained_through_its_inner_module(process_grou
             assert_same(one_step(ddp, batch, runtime), reference)
         moved = runtime.stats.d2h_bytes if how == "swap" else runtime.stats.recompute_ops
         assert moved > 0, f"{how}: the plan did nothing ({runtime.stats})"
+
+
+def _ddp_rank(rank: int, world: int, store: str, out: str) -> None:
+    """One rank of test_ddp_with_two_processes (module level: spawn imports it by name)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        torch.manual_seed(0)  # the same initial weights on both ranks
+        ddp = DistributedDataParallel(make_example("gpt2"))
+        batch = make_batch(seed=rank)  # each rank its own data: the allreduce averages
+        reference = one_step(ddp, batch)
+        workload = profile_model(ddp, batch, loss_fn, repeats=1)  # no collective: ranks profile alone
+        same = {}
+        for how in ("swap", "recompute"):
+            runtime = slackswap.apply(ddp, every(workload, how))
+            got = one_step(ddp, batch, runtime)
+            same[how] = torch.equal(got[0], reference[0]) and all(
+                torch.equal(a, b) for a, b in zip(got[1], reference[1]))
+        torch.save(same, f"{out}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ddp_with_two_processes_trains_bit_for_bit(tmp_path):
+    """Two gloo ranks on CPU with different batches: after DDP's allreduce, every gradient under
+    an all-swap and an all-recompute plan equals unplanned DDP training's, on both ranks."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_ddp_rank, args=(2, str(tmp_path / "store"), str(tmp_path / "same")), nprocs=2)
+    for rank in range(2):
+        assert torch.load(tmp_path / f"same.{rank}") == {"swap": True, "recompute": True}
 
 
 def test_single_device_data_parallel_is_looked_through_and_multi_gpu_refused():
