@@ -21,23 +21,15 @@ _SHARDED_FIX = ("run slackswap on an unsharded model (one full replica per GPU, 
 
 
 def _distributed_types() -> dict[str, type]:
-    """The sharding wrapper and tensor types of this torch build (none without torch.distributed)."""
+    """The sharding wrapper and tensor types, from the modules already loaded: a model cannot be
+    sharded without them, and importing FSDP costs about a second."""
     found: dict[str, type] = {}
-    if not torch.distributed.is_available():
-        return found
-    try:
-        from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
-
-        found["fully_shard (FSDP2)"] = FSDPModule
-        found["FullyShardedDataParallel (FSDP1)"] = FullyShardedDataParallel
-    except ImportError:  # pragma: no cover - older or stripped torch builds
-        pass
-    try:
-        from torch.distributed.tensor import DTensor
-
-        found["DTensor"] = DTensor
-    except ImportError:  # pragma: no cover
-        pass
+    for label, module, name in (("fully_shard (FSDP2)", "torch.distributed.fsdp", "FSDPModule"),
+                                ("FullyShardedDataParallel (FSDP1)", "torch.distributed.fsdp", "FullyShardedDataParallel"),
+                                ("DTensor", "torch.distributed.tensor", "DTensor")):
+        kind = getattr(sys.modules.get(module), name, None)
+        if isinstance(kind, type):
+            found[label] = kind
     return found
 
 
