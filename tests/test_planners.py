@@ -265,18 +265,13 @@ def test_optimal_reports_its_bound_objective_and_simulated_step():
     assert info["simulated_step_time_s"] == pytest.approx(w.ideal_step_time_s)
 
 
-def test_fit_need_goes_back_when_taking_more_off_raises_the_peak(monkeypatch):
-    """A family's far end can peak higher than its middle (recomputing everything rebuilds long
-    groups in backward). Here the peak is 200 - 2 x need up to need 60, and 300 beyond: growing
-    the need by the overshoot jumps from 0 to 80, past every plan that fits a 120 B budget. The
-    sizing must come back (to 40, the least need that fits) instead of growing without end, as
-    it did when the 977 B / 1006 B counterexample (tests/test_invariants.py) lost its plan."""
+def sized_by_peak(monkeypatch, peak_at):
+    """Replace fit_need's simulations: a plan is its need, it peaks at peak_at(need) bytes, fits
+    when that is within the budget, and takes 1 s plus 1 ms per byte of need. Returns the list
+    of needs asked for and the family's make(need)."""
     import types
 
     from slackswap.planners import selection
-
-    def peak_at(need: int) -> int:
-        return 200 - 2 * need if need < 60 else 300
 
     def fake_evaluate(workload, hardware, need, budget_bytes, memo=None):
         peak = peak_at(need)
@@ -285,12 +280,27 @@ def test_fit_need_goes_back_when_taking_more_off_raises_the_peak(monkeypatch):
                                      timeline=types.SimpleNamespace(peak_memory_bytes=peak), need=need)
 
     monkeypatch.setattr(selection, "evaluate", fake_evaluate)
-    visited = []
+    visited: list[int] = []
 
     def make(need: int) -> int:
         visited.append(need)
         return need
 
+    return visited, make
+
+
+def test_fit_need_goes_back_when_taking_more_off_raises_the_peak(monkeypatch):
+    """A family's far end can peak higher than its middle (recomputing everything rebuilds long
+    groups in backward). Here the peak is 200 - 2 x need up to need 60, and 300 beyond: growing
+    the need by the overshoot jumps from 0 to 80, past every plan that fits a 120 B budget. The
+    sizing must come back (to 40, the least need that fits) instead of growing without end, as
+    it did when the 977 B / 1006 B counterexample (tests/test_invariants.py) lost its plan."""
+    from slackswap.planners import selection
+
+    def peak_at(need: int) -> int:
+        return 200 - 2 * need if need < 60 else 300
+
+    visited, make = sized_by_peak(monkeypatch, peak_at)
     found = selection.fit_need(chain(4), fast_link(), 120, 0, make, rounds=14)
     assert visited[:3] == [0, 80, 40]
     assert found is not None and found.need == 40 and found.timeline.peak_memory_bytes == 120
@@ -303,8 +313,6 @@ def test_fit_need_leaps_past_a_range_of_needs_that_all_raise_the_peak(monkeypatc
     keep-all peak, then 2 %, 4 %, ...) instead of going back and forth in the range (before,
     it spent every round there and returned nothing); here the least need that
     clears is 10 % of the keep-all peak, and the bisection then finds exactly it."""
-    import types
-
     from slackswap.planners import selection
 
     total = 10_000  # keep-all peak, B: needs are sized in steps of 1 % of it
@@ -316,19 +324,7 @@ def test_fit_need_leaps_past_a_range_of_needs_that_all_raise_the_peak(monkeypatc
         # (larger items, longer groups), 1 B more per 1 % of the keep-all peak
         return 130 if need == 0 else 131 + need // 100 if need < clears_from else 110
 
-    def fake_evaluate(workload, hardware, need, budget_bytes, memo=None):
-        peak = peak_at(need)
-        fits = peak <= 120
-        return types.SimpleNamespace(fits=fits, step_time_s=1.0 + need / 1000 if fits else float("inf"),
-                                     timeline=types.SimpleNamespace(peak_memory_bytes=peak), need=need)
-
-    monkeypatch.setattr(selection, "evaluate", fake_evaluate)
-    visited = []
-
-    def make(need: int) -> int:
-        visited.append(need)
-        return need
-
+    visited, make = sized_by_peak(monkeypatch, peak_at)
     found = selection.fit_need(chain(4), fast_link(), 120, 0, make, rounds=14)
     assert found is not None and found.need == clears_from
     assert max(visited) < 2 * clears_from  # leaps double from 1 %: past 10 % without running far
