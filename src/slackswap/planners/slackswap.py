@@ -162,13 +162,12 @@ def fit_fewer_swaps(workload: Workload, hardware: Hardware, budget_bytes: int, i
     """Rule 4's fallback when a family cannot be sized: its far end (every accepted swap,
     everything else recomputed) may not fit, because copies back hold memory in backward that
     rebuilding would not. Bisect for the longest prefix of the accepted list whose far end fits
-    (taking fewer swaps lowers that memory) and size it, and also the first prefix of 7/8, 6/8,
-    ... of the list whose far end fits, which leaves the knapsack more room between the far end
-    and the budget. Both sized plans are start candidates (rule 8 may repair the second). Without it a
-    faster link, accepting more swaps, could lose every family that a slower link fits
-    (bert-large at 20 % of its peak, 2x PCIe 4.0: 284 ms from everything swapped, where 1.5x
-    gives 136 ms); a coarser search (7/8, 6/8, ... of the list) lost most of the family on a
-    link 10 % faster (llama-7b at 20 %: 264 swaps fit at x1, 272 at x1.1 do not, 238 gave
+    (taking fewer swaps lowers that memory), and size it and the first prefix of 7/8, 6/8, ...
+    of the list whose far end fits (it leaves the knapsack more room): both are start
+    candidates. Without it a faster link, accepting more swaps, could lose every family that a
+    slower link fits (bert-large at 20 % of its peak, 2x PCIe 4.0: 284 ms from everything
+    swapped, where 1.5x gives 136 ms); the 1/8 steps alone lost most of the family on a link
+    10 % faster (llama-7b at 20 %: 264 swaps fit at x1, 272 at x1.1 do not, and 238 gave
     2098 ms against 2025 ms)."""
     everything = keep_all_peak_bytes(facts_for(workload))  # a need no family can meet: its far end
 
