@@ -245,3 +245,25 @@ def test_profile_command_refuses_a_sharded_model_with_exit_code_2(process_group,
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "wrapped by fully_shard (FSDP2)" in err and "Traceback" not in err
     assert not out.exists() and list(tmp_path.iterdir()) == [source]
+
+
+def test_dynamo_compiles_nothing_under_the_runtime():
+    """Why the warning is true: with the runtime's dispatch mode active, Dynamo compiles no frame
+    of a fresh compiled model; without it, it compiles the model. If a torch release starts
+    compiling under dispatch modes, this fails and the warning must be revisited."""
+    from torch._dynamo.utils import counters
+
+    model = make_example("gpt2")
+    batch = make_batch(seed=0)
+    workload = profile_model(model, batch, loss_fn, repeats=1)
+    runtime = slackswap.apply(model, every(workload, "keep"), workload=workload)
+    torch._dynamo.reset()
+    counters.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeFallbackWarning)
+        one_step(torch.compile(model, backend="aot_eager"), batch, runtime)
+    assert counters["stats"]["unique_graphs"] == 0
+    torch._dynamo.reset()
+    counters.clear()
+    one_step(torch.compile(model, backend="aot_eager"), batch)
+    assert counters["stats"]["unique_graphs"] >= 1
