@@ -50,6 +50,17 @@ def test_each_recompute_tensor_rebuilt_before_its_first_reader():
     assert groups == {"op3": ("op2",), "op1": ("op0",)}
 
 
+def test_a_recompute_chain_longer_than_the_recursion_limit_is_one_group():
+    # Recomputing every tensor of a long chain rebuilds the whole chain before the first
+    # backward step that reads it: one group, deeper than Python's default recursion limit.
+    import sys
+
+    n = sys.getrecursionlimit() + 500
+    w = chain(n)
+    groups = derive_recompute_groups(w, full(w, {f"a{i}": R for i in range(n - 1)}), {})
+    assert groups[f"op{n - 1}"] == tuple(f"op{i}" for i in range(n - 1))
+
+
 def test_recompute_chain_and_swapped_input_not_yet_back():
     w = chain(4)
     # a1's producer reads a0: recomputed a0 is rebuilt first.

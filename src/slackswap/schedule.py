@@ -79,17 +79,30 @@ def derive_recompute_groups(
         temps: set[str] = set()
 
         def rebuild(name: str) -> None:
-            producer = by_name[name].producer
-            if producer is None:
-                raise ValidationError(f"step input {name!r} is needed but not resident")
-            if producer in in_group:
-                return
-            for dep in ops[workload.op_index[producer]].inputs:
-                if dep not in resident and dep not in temps:
-                    rebuild(dep)
-            group.append(producer)
-            in_group.add(producer)
-            temps.update(ops[workload.op_index[producer]].outputs)
+            # Depth-first through the producers of missing inputs, post-order, with an explicit
+            # stack: a chain of thousands of recomputed ops must not hit Python's recursion limit.
+            stack: list[tuple[str, int]] = []
+
+            def enter(tensor: str) -> None:
+                producer = by_name[tensor].producer
+                if producer is None:
+                    raise ValidationError(f"step input {tensor!r} is needed but not resident")
+                if producer not in in_group:
+                    stack.append((producer, 0))
+
+            enter(name)
+            while stack:
+                producer, next_input = stack.pop()
+                inputs = ops[workload.op_index[producer]].inputs
+                while next_input < len(inputs) and (inputs[next_input] in resident or inputs[next_input] in temps):
+                    next_input += 1
+                if next_input < len(inputs):
+                    stack.append((producer, next_input + 1))
+                    enter(inputs[next_input])
+                    continue
+                group.append(producer)
+                in_group.add(producer)
+                temps.update(ops[workload.op_index[producer]].outputs)
 
         for name in workload.bwd_reads[bwd_op.name]:
             if name in resident or name in temps:
