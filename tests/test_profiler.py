@@ -166,6 +166,11 @@ def test_op_names_layers_flops_and_kinds():
     assert workload.ops[-1].name.startswith("model/")
     assert all(op.fwd_time_s >= 0 and op.bwd_time_s >= 0 for op in workload.ops)
     assert fc.bwd_time_s > 0
+    # Model states (slackswap.memory) read the trainable parameter count and the largest block.
+    assert workload.meta["parameter_count"] == sum(p.numel() for p in model.parameters())
+    blocks = [sum(p.numel() for n, p in model.named_parameters() if n.startswith(f"h.{i}.")) for i in range(c.layers)]
+    outside = workload.meta["parameter_count"] - sum(blocks)
+    assert workload.meta["largest_unit_parameter_count"] == max(blocks + [outside])
 
 
 def test_profile_is_json_round_trippable_and_structurally_stable():

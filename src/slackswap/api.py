@@ -145,3 +145,25 @@ def apply(model: Any, plan: Plan, *, backend: str = "replay", **options: Any):
     from .runtime import apply_plan
 
     return apply_plan(model, plan, backend=backend, **options)
+
+
+def model_states(
+    model: Workload | str | Any,
+    *,
+    optimizer: str = "adam",
+    precision: str = "bf16-mixed",
+    shard: int = 1,
+    sharding: str = "fsdp",
+):
+    """Per-rank parameter, gradient and optimizer-state bytes (a ``slackswap.memory.ModelStates``)
+    of a built-in model name, a Workload (built-in or profiled), a TransformerSpec or a parameter
+    count, with ``optimizer`` ('sgd', 'sgd-momentum', 'adam', 'adamw'), ``precision`` ('fp32',
+    'bf16', 'bf16-mixed') and the states sharded over ``shard`` ranks by ``sharding`` ('none',
+    'zero1', 'zero2', 'zero3', 'fsdp'). docs/memory.md gives the accounting."""
+    from .memory import model_states as states_of
+
+    if isinstance(model, str):
+        from .workloads.models import model_spec
+
+        model = model_spec(model)
+    return states_of(model, optimizer=optimizer, precision=precision, ranks=shard, sharding=sharding)

@@ -11,7 +11,8 @@ import torch
 from ..errors import ValidationError
 from ..hardware import Hardware, get_hardware
 from ..workload import Workload
-from .build import build_workload, median_times, project_onto
+from ..memory.parameters import parameter_meta
+from .build import build_workload, call_layer, median_times, project_onto
 from .model_support import check_not_capturing, unwrap_model
 from .tracer import CudaTimer, WallTimer, run_traced
 
@@ -123,6 +124,9 @@ def profile_model(
         # In-place writes make new tensor versions (tracer.py); the runtime refuses older profiles.
         "storage_versions": 1,
     }
+    trainable = [(call_layer(name), p.numel()) for name, p in model.named_parameters() if p.requires_grad]
+    if trainable:
+        meta.update(parameter_meta(trainable))
     workload = build_workload(first, median_times(fwd_runs), median_times(bwd_runs),
                               name=workload_name(model), meta=meta)
     if hw is not None:
