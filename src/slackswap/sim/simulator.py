@@ -47,8 +47,10 @@ class _Copy:
 
 
 class _Simulation:
-    def __init__(self, workload: Workload, hardware: Hardware, plan: Plan, budget_bytes: float) -> None:
+    def __init__(self, workload: Workload, hardware: Hardware, plan: Plan, budget_bytes: float,
+                 tensor_log: list | None = None) -> None:
         self.w = workload
+        self.log = tensor_log
         self.hw = hardware
         self.plan = plan
         self.actions = plan.actions
@@ -114,6 +116,8 @@ class _Simulation:
         for name in names:
             self.present.add(name)
             self.mem += self.size[name]
+            if self.log is not None:
+                self.log.append((self.now, name, True))
         if names:
             self.peak = max(self.peak, self.mem)
             self.memory.append((self.now, self.mem))
@@ -122,6 +126,8 @@ class _Simulation:
         if name in self.present:
             self.present.discard(name)
             self.mem -= self.size[name]
+            if self.log is not None:
+                self.log.append((self.now, name, False))
             self.memory.append((self.now, self.mem))
 
     def _fits(self, nbytes: int) -> bool:
@@ -369,17 +375,20 @@ def simulate(
     budget_bytes: int | None = None,
     *,
     check: bool = True,
+    tensor_log: list | None = None,
 ) -> Timeline:
     """Simulate one training step of ``workload`` on ``hardware`` under ``plan``.
 
     ``budget_bytes`` defaults to the plan's own budget; None on both means no limit.
-    Raises InfeasiblePlanError when the plan can never fit the budget.
+    Raises InfeasiblePlanError when the plan can never fit the budget. ``tensor_log``, when
+    given, receives ``(time_s, tensor, added)`` for every change of the saved tensors on the
+    device, in order (slackswap.memory replays them through the allocator model).
     """
     if check:
         check_plan(workload, plan)
     if budget_bytes is None:
         budget_bytes = plan.budget_bytes
-    sim = _Simulation(workload, hardware, plan, math.inf if budget_bytes is None else budget_bytes)
+    sim = _Simulation(workload, hardware, plan, math.inf if budget_bytes is None else budget_bytes, tensor_log)
     sim.run()
     return Timeline(
         workload_name=workload.name, hardware_name=hardware.name, policy=plan.policy,
