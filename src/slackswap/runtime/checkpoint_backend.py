@@ -103,6 +103,7 @@ class CheckpointSwapManager(SwapManager):
                 self._add(self.size[name])
 
     def begin_backward_step(self, step: int) -> None:
+        self.track_backward_pass()
         while self.clock < step:
             k = self.clock + 1
             for name in [t for t, last in self.region_held.items() if last < k]:

@@ -87,6 +87,17 @@ def _device_of(flat: list) -> torch.device:
     return torch.device("cpu")
 
 
+def clock_hook(manager_ref, step: int, generation: int):
+    """Autograd-node pre-hook: backward step ``step`` of step ``generation`` begins."""
+
+    def hook(grads):
+        manager = manager_ref()
+        if manager is not None and manager.generation == generation:
+            manager.begin_backward_step(step)
+
+    return hook
+
+
 class ForwardRecorder:
     """Per-step state of the forward pass; ``mode()`` gives the dispatch mode that feeds it."""
 
@@ -128,9 +139,9 @@ class ForwardRecorder:
                 if id(node) not in self.hooked:
                     self.hooked.add(id(node))
                     step = self.n - 1 - i
-                    manager = self.manager
-                    node.register_prehook(lambda grads, step=step, generation=manager.generation: (
-                        manager.begin_backward_step(step) if manager.generation == generation else None))
+                    # A weak reference: a node outliving the step (a graph the user keeps) must not
+                    # keep the manager and its host pool alive.
+                    node.register_prehook(clock_hook(weakref.ref(self.manager), step, self.manager.generation))
                 return
 
     # ---- ops --------------------------------------------------------------------------------
@@ -171,7 +182,9 @@ class ForwardRecorder:
             name = None if key in self.frozen or x.untyped_storage().nbytes() == 0 else self.names.get(key)
             if name is None:
                 # A parameter, a buffer or a step input: on the device for the whole step anyway.
-                items.append(x)
+                # Detached: the replay runs without a graph, and a view of a parameter (w.t())
+                # would hold its autograd node, whose clock hook leads back to the manager.
+                items.append(x.detach())
             else:
                 items.append(TensorRef(name, x.storage_offset(), tuple(x.shape), tuple(x.stride()), x.dtype))
         rng = None

@@ -160,6 +160,8 @@ class SwapManager:
         self.copy_in_steps: dict[str, int] = {}
         self.group_steps: list[int] = []
         self.waiting: set[str] = set()
+        self.pass_end_queued = False
+        self.pass_done = False
 
     def begin_step(self) -> None:
         """Called when the model's forward starts: a new step."""
@@ -306,8 +308,34 @@ class SwapManager:
             manager._drop_rebuilt(state.name)
 
     # ---- the backward clock ------------------------------------------------------------------
+    def track_backward_pass(self) -> None:
+        """Restart the clock when a backward pass over a retained graph begins after one ended
+        (``backward(retain_graph=True)`` then ``backward()``): the groups rebuild their tensors
+        again; kept and fetched-back tensors are still held by the graph's handles. The end of a
+        pass is learnt from a callback autograd runs when the pass finishes."""
+        if self.pass_done:
+            self.pass_done = False
+            self.clock = -1
+            for name in list(self.rebuilt):
+                self._drop_rebuilt(name)
+        if not self.pass_end_queued:
+            manager, generation = weakref.ref(self), self.generation
+
+            def pass_ended() -> None:
+                m = manager()
+                if m is not None and m.generation == generation:
+                    m.pass_end_queued = False
+                    m.pass_done = True
+
+            try:
+                torch.autograd.Variable._execution_engine.queue_callback(pass_ended)
+                self.pass_end_queued = True
+            except RuntimeError:
+                pass  # a saved tensor read outside a backward pass (grad_fn._saved_*): no pass to track
+
     def begin_backward_step(self, step: int) -> None:
         """Backward step ``step`` starts (or has started): catch up every step up to it."""
+        self.track_backward_pass()
         if step <= self.clock:
             return
         was_busy, self.busy = self.busy, True
