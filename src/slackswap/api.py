@@ -11,17 +11,13 @@ from __future__ import annotations
 from typing import Any
 
 from .errors import BudgetError
-from .hardware import Hardware, get_hardware
+from .hardware import DEFAULT_HARDWARE, Hardware, get_hardware
 from .plans import Plan
 from .timeline import Timeline
-from .units import parse_size_bytes
+from .units import parse_budget
 from .workload import Workload
 
-DEFAULT_HARDWARE = "a100-80gb-pcie4"
-
-
-def _hardware(hardware: Hardware | str) -> Hardware:
-    return hardware if isinstance(hardware, Hardware) else get_hardware(hardware)
+__all__ = ["DEFAULT_HARDWARE", "apply", "plan", "profile", "simulate"]
 
 
 def _workload(workload: Workload | str, hardware: Hardware) -> Workload:
@@ -32,70 +28,24 @@ def _workload(workload: Workload | str, hardware: Hardware) -> Workload:
     return build_model_workload(workload, hardware)
 
 
-def budget_bytes_for(budget: float | int | str, unconstrained_peak_bytes: int) -> int:
-    """A float in (0, 1] is a fraction of the unconstrained peak; an int is bytes; a str is a size."""
-    if isinstance(budget, bool):
-        raise BudgetError(f"budget must be a fraction, a byte count or a size string, got {budget!r}")
-    if isinstance(budget, str):
-        return parse_size_bytes(budget)
-    if isinstance(budget, int):
-        if budget <= 0:
-            raise BudgetError(f"budget of {budget} bytes must be positive")
-        return budget
-    if isinstance(budget, float):
-        if not 0 < budget <= 1:
-            raise BudgetError(f"budget fraction {budget!r} must be above 0 and at most 1 (1.0 keeps everything)")
-        return max(1, int(budget * unconstrained_peak_bytes))
-    raise BudgetError(f"budget must be a fraction, a byte count or a size string, got {type(budget).__name__}")
-
-
 def plan(
     workload: Workload | str,
     hardware: Hardware | str = DEFAULT_HARDWARE,
     budget: float | int | str = 0.5,
     policy: str = "slackswap",
 ) -> Plan:
-    """Plan keep / swap / recompute for every saved tensor of ``workload`` within ``budget``."""
-    from .planners import plan_workload
-    from .sim import simulate_ideal
+    """Plan keep / swap / recompute for every saved tensor of ``workload`` within ``budget``.
 
-    hw = _hardware(hardware)
+    The plan carries the backward step at which the simulation starts each copy back, which
+    is when the runtime issues it (slackswap.sim.copy_starts)."""
+    from .planners import plan_workload
+    from .sim import simulate_ideal, with_copy_in_start_steps
+
+    hw = get_hardware(hardware)
     w = _workload(workload, hw)
     peak = simulate_ideal(w, hw).peak_memory_bytes
-    result = plan_workload(w, hw, budget_bytes_for(budget, peak), policy)
-    if w.meta.get("source") == "slackswap.profiler" and result.prefetch_step:
-        result = with_copy_in_start_steps(w, hw, result)
-    return result
-
-
-COPY_IN_START_STEP = "copy_in_start_step"
-"""plan.info key: the backward step at which the simulation starts each copy back."""
-
-
-def with_copy_in_start_steps(workload: Workload, hardware: Hardware, plan: Plan) -> Plan:
-    """``plan`` with, in its info, the backward step at which the simulated copy of each swapped
-    tensor back to the device *starts*. A copy is issued at its ``prefetch_step`` but waits on the
-    in-order copy stream (and for memory), and the simulator counts its bytes from its start; the
-    runtime allocates a copy's destination when it issues it, so it issues each copy at this step
-    to hold what the simulation holds (slackswap.runtime, docs/runtime.md)."""
-    import bisect
-    import dataclasses
-
-    from .sim import simulate as simulate_plan
-
-    timeline = simulate_plan(workload, hardware, plan)
-    n = len(workload.ops)
-    last_end = [0.0] * (n + 1)  # last_end[k + 1]: when the last task of backward step k ends
-    for e in timeline.events:
-        if e.stream == "compute" and e.kind in ("forward", "recompute", "backward"):
-            last_end[e.step + 1] = max(last_end[e.step + 1], e.end_s)
-    # Step k is triggered when the last task before it ends (docs/simulator.md).
-    triggers = [max(last_end[: k + 1]) for k in range(n)]
-    starts = {}
-    for e in timeline.events:
-        if e.kind == "copy_in":
-            starts[e.name] = max(plan.prefetch_step[e.name], bisect.bisect_right(triggers, e.start_s) - 1)
-    return dataclasses.replace(plan, info={**plan.info, COPY_IN_START_STEP: starts})
+    result = plan_workload(w, hw, parse_budget(budget, peak), policy)
+    return with_copy_in_start_steps(w, hw, result)
 
 
 def simulate(
@@ -109,10 +59,10 @@ def simulate(
     """Simulate one step under ``plan`` (or under ``policy``, planned on the fly; ideal if neither)."""
     from .sim import simulate as simulate_plan, simulate_ideal
 
-    hw = _hardware(hardware)
+    hw = get_hardware(hardware)
     w = _workload(workload, hw)
     ideal = simulate_ideal(w, hw)
-    budget_bytes = None if budget is None else budget_bytes_for(budget, ideal.peak_memory_bytes)
+    budget_bytes = None if budget is None else parse_budget(budget, ideal.peak_memory_bytes)
     if plan is None and policy in (None, "ideal"):
         return ideal
     if plan is None:

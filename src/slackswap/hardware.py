@@ -198,8 +198,14 @@ PRESETS: dict[str, Hardware] = {
 }
 
 
-def get_hardware(name_or_path: str) -> Hardware:
-    """A preset by name, or a hardware JSON file by path."""
+DEFAULT_HARDWARE = "a100-80gb-pcie4"
+"""The preset used when none is named: the SlackSwap paper's setup (docs/hardware.md)."""
+
+
+def get_hardware(name_or_path: "str | os.PathLike | Hardware") -> Hardware:
+    """A preset by name, a hardware JSON file by path, or a Hardware as it is."""
+    if isinstance(name_or_path, Hardware):
+        return name_or_path
     if isinstance(name_or_path, os.PathLike):
         name_or_path = os.fspath(name_or_path)
     if not isinstance(name_or_path, str):

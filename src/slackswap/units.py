@@ -35,6 +35,44 @@ def parse_size_bytes(text: str) -> int:
     return int(round(value))
 
 
+def parse_budget(budget: float | int | str, unconstrained_peak_bytes: int) -> int:
+    """The activation budget in bytes, read the same way by the API and the command line.
+
+    A float in (0, 1] is a fraction of the unconstrained peak; an int is bytes; a string is a
+    fraction when it reads as a number of at most 1 ('0.5'), else a size ('12GiB', '800B').
+    A byte count above the unconstrained peak is refused: everything fits, so 1.0 says it.
+    """
+    if isinstance(budget, bool):
+        raise BudgetError(f"budget must be a fraction, a byte count or a size string, got {budget!r}")
+    if isinstance(budget, str):
+        text = budget.strip()
+        try:
+            fraction = float(text)
+        except ValueError:
+            fraction = None
+        if fraction is not None and (fraction <= 1.0 or not math.isfinite(fraction)):
+            if not math.isfinite(fraction) or fraction <= 0:
+                raise BudgetError(f"budget {text!r} must be a fraction above 0 and at most 1, or a size such as 12GiB")
+            return max(1, int(fraction * unconstrained_peak_bytes))
+        size_bytes = parse_size_bytes(text)
+    elif isinstance(budget, int):
+        if budget <= 0:
+            raise BudgetError(f"budget of {budget} bytes must be positive")
+        size_bytes = budget
+    elif isinstance(budget, float):
+        if not 0 < budget <= 1:
+            raise BudgetError(f"budget fraction {budget!r} must be above 0 and at most 1 (1.0 keeps everything)")
+        return max(1, int(budget * unconstrained_peak_bytes))
+    else:
+        raise BudgetError(f"budget must be a fraction, a byte count or a size string, got {type(budget).__name__}")
+    if size_bytes > unconstrained_peak_bytes:
+        raise BudgetError(
+            f"budget {format_bytes(size_bytes)} is above the unconstrained peak of {format_bytes(unconstrained_peak_bytes)} "
+            f"({unconstrained_peak_bytes} bytes): everything fits; use 1.0 or a smaller size"
+        )
+    return size_bytes
+
+
 def format_bytes(n: float) -> str:
     """Human size with binary units: '1.50 GiB'."""
     n = float(n)

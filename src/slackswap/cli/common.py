@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from ..errors import BudgetError, OutputPathError, ValidationError
-from ..hardware import Hardware, get_hardware
-from ..units import format_bytes, parse_size_bytes
+from ..errors import OutputPathError, ValidationError
+from ..hardware import DEFAULT_HARDWARE, Hardware, get_hardware
+from ..units import parse_budget  # noqa: F401 - the one budget parser, re-exported for the commands
 from ..workload import Workload
 
 SPEC_FLAGS = {
@@ -37,7 +36,7 @@ def add_workload_args(parser: argparse.ArgumentParser, *, required: bool = True)
     parser.set_defaults(_workload_required=required)
 
 
-def add_hardware_arg(parser: argparse.ArgumentParser, default: str = "a100-80gb-pcie4") -> None:
+def add_hardware_arg(parser: argparse.ArgumentParser, default: str = DEFAULT_HARDWARE) -> None:
     parser.add_argument("--hardware", default=default, metavar="NAME|FILE",
                         help=f"hardware preset (see 'slackswap hardware') or JSON file (default {default})")
     parser.add_argument("--duplex-slowdown", dest="duplex_slowdown", action=argparse.BooleanOptionalAction,
@@ -73,26 +72,6 @@ def load_workload(args: argparse.Namespace, hardware: Hardware) -> Workload:
     from ..workloads.models import build_model_workload
 
     return build_model_workload(args.model, hardware, **overrides)
-
-
-def parse_budget(text: str, peak_bytes: int) -> int:
-    """A budget in bytes from '0.5' (fraction of ``peak_bytes``) or '12GiB' (a size)."""
-    text = str(text).strip()
-    try:
-        fraction = float(text)
-    except ValueError:
-        fraction = None
-    if fraction is not None and (fraction <= 1.0 or not math.isfinite(fraction)):
-        if not math.isfinite(fraction) or fraction <= 0:
-            raise BudgetError(f"budget {text!r} must be a fraction above 0 and at most 1, or a size such as 12GiB")
-        return max(1, int(fraction * peak_bytes))
-    size = parse_size_bytes(text)
-    if size > peak_bytes:
-        raise BudgetError(
-            f"budget {format_bytes(size)} is above the unconstrained peak of {format_bytes(peak_bytes)} "
-            f"({peak_bytes} bytes): everything fits; use 1.0 or a smaller size"
-        )
-    return size
 
 
 def check_output_paths(*paths: str | None) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..report.explain import explain, explanation_lines
 from .common import (
-    add_budget_arg, add_hardware_arg, add_workload_args, load_hardware, load_workload, parse_budget, print_json,
+    add_budget_arg, add_hardware_arg, add_workload_args, load_hardware, load_workload, print_json,
 )
 
 
@@ -24,15 +24,13 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from ..planners import DEFAULT_POLICY, plan_workload
-    from ..sim import simulate, simulate_ideal
+    from .. import api
+    from ..planners import DEFAULT_POLICY
 
     hardware = load_hardware(args)
     workload = load_workload(args, hardware)
-    ideal = simulate_ideal(workload, hardware)
-    budget = parse_budget(args.budget, ideal.peak_memory_bytes)
-    plan = plan_workload(workload, hardware, budget, DEFAULT_POLICY if args.policy is None else args.policy)
-    timeline = simulate(workload, hardware, plan, budget, check=False)
+    plan = api.plan(workload, hardware, args.budget, DEFAULT_POLICY if args.policy is None else args.policy)
+    timeline = api.simulate(workload, hardware, plan, args.budget)
     result = explain(workload, hardware, plan, timeline)
     if args.quiet:
         return 0

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+from .. import api
 from ..report.console import progress_reporter
-from ..planners import DEFAULT_POLICY, PLANNERS, plan_workload
-from ..sim import simulate, simulate_ideal
+from ..planners import DEFAULT_POLICY, PLANNERS
 from ..units import format_bytes, format_seconds
 from .common import (
-    add_budget_arg, add_hardware_arg, add_workload_args, check_output_paths, load_hardware, load_workload, parse_budget, print_json,
+    add_budget_arg, add_hardware_arg, add_workload_args, check_output_paths, load_hardware, load_workload, print_json,
 )
 
 
@@ -28,15 +28,14 @@ def run(args) -> int:
     check_output_paths(args.out)
     hardware = load_hardware(args)
     workload = load_workload(args, hardware)
-    ideal = simulate_ideal(workload, hardware)
-    budget = parse_budget(args.budget, ideal.peak_memory_bytes)
     with progress_reporter("plan", quiet=args.quiet) as report:
         report(0, None, f"{args.policy} for {workload.name}")
-        plan = plan_workload(workload, hardware, budget, args.policy)
+        plan = api.plan(workload, hardware, args.budget, args.policy)
     plan.save(args.out, workload)
     if args.quiet:
         return 0
-    timeline = simulate(workload, hardware, plan, plan.budget_bytes, check=False)
+    ideal = api.simulate(workload, hardware)
+    timeline = api.simulate(workload, hardware, plan)
     if args.json:
         from ..plans import Action
 

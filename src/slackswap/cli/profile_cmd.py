@@ -72,8 +72,8 @@ def _call_user(path: str, what: str, fn):
 def run(args) -> int:
     check_output_paths(args.out)
     require("torch", "torch", "slackswap profile")
+    from .. import api
     from ..hardware import get_hardware
-    from ..profiler import profile_model
 
     make_model, make_batch, loss_fn = load_user_file(args.file)
     hardware = get_hardware(args.hardware) if args.hardware is not None else None
@@ -81,7 +81,7 @@ def run(args) -> int:
     batch = _call_user(args.file, "make_batch()", make_batch)
     with progress_reporter("profile", quiet=args.quiet) as report:
         report(0, None, f"{args.warmup} warm-up + {args.repeats} measured steps of {args.file}")
-        workload = _call_user(args.file, "loss_fn(model, batch) during profiling", lambda: profile_model(
+        workload = _call_user(args.file, "loss_fn(model, batch) during profiling", lambda: api.profile(
             model, batch, loss_fn, hardware=hardware, warmup=args.warmup, repeats=args.repeats))
     workload.save(args.out)
     if args.quiet:

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
+from .. import api
 from ..plans import Plan
-from ..sim import simulate, simulate_ideal
 from ..timeline import Timeline
 from ..units import format_bytes, format_seconds
-from .common import (
-    add_hardware_arg, add_workload_args, check_output_paths, load_hardware, load_workload, parse_budget, print_json,
-)
+from .common import add_hardware_arg, add_workload_args, check_output_paths, load_hardware, load_workload, print_json
 
 
 def register(subparsers) -> None:
@@ -38,21 +36,17 @@ def run(args) -> int:
         check_plot_target(args.plot)
     hardware = load_hardware(args)
     workload = load_workload(args, hardware)
-    ideal = simulate_ideal(workload, hardware)
+    ideal = api.simulate(workload, hardware)
     if args.plan:
         plan = Plan.load(args.plan)
-        budget = plan.budget_bytes if args.budget is None else parse_budget(args.budget, ideal.peak_memory_bytes)
-        timeline = simulate(workload, hardware, plan, budget)
+        timeline = api.simulate(workload, hardware, plan, args.budget)
     elif args.policy in (None, "ideal"):
-        if args.budget is not None:  # no plan uses it, but a garbage budget is still an error
-            parse_budget(args.budget, ideal.peak_memory_bytes)
-        plan, timeline = None, ideal
+        # No plan uses the budget, but a garbage budget is still an error.
+        plan, timeline = None, api.simulate(workload, hardware, budget=args.budget)
     else:
-        from ..planners import plan_workload
-
-        budget = parse_budget("0.5" if args.budget is None else args.budget, ideal.peak_memory_bytes)
-        plan = plan_workload(workload, hardware, budget, args.policy)
-        timeline = simulate(workload, hardware, plan, budget, check=False)
+        budget = "0.5" if args.budget is None else args.budget
+        plan = api.plan(workload, hardware, budget, args.policy)
+        timeline = api.simulate(workload, hardware, plan, budget)
     if args.timeline:
         timeline.save(args.timeline)
     if args.trace:

@@ -24,6 +24,7 @@ import torch
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from ..errors import CheckpointBackendError, PlanMismatchError
+from ..hardware import DEFAULT_HARDWARE, get_hardware
 from ..plans import Plan
 from ..profiler.tracer import _IGNORED_OPS
 from ..workload import Workload
@@ -125,9 +126,7 @@ class CheckpointRuntime:
     """Context manager returned by ``apply_plan(..., backend="checkpoint")``; same surface as PlanRuntime."""
 
     def __init__(self, model: torch.nn.Module, plan: Plan, workload: Workload, hardware=None) -> None:
-        from ..api import DEFAULT_HARDWARE, _hardware
-
-        hw = _hardware(hardware if hardware is not None else DEFAULT_HARDWARE)
+        hw = get_hardware(hardware if hardware is not None else DEFAULT_HARDWARE)
         self.model = model
         self.plan = plan
         self.workload = workload
