@@ -1,177 +1,339 @@
-"""Measured against simulated: a GPT-2-like model on one GPU, trained under slackswap plans.
+"""Measured on a GPU: the host link, and real training steps against the simulator's predictions.
 
-    python benchmarks/gpu_validate.py            # about 1-3 minutes on an H100/H200-class GPU
+    python benchmarks/gpu_validate.py --out DIR       # one GPU, under 7 minutes (docs/gpu-validation.md)
+    python benchmarks/gpu_validate.py --dry-run       # the same logic on CPU, tiny model, seconds
 
-1. Build a GPT-2-like model (bf16) and measure the plain training step: median step time
-   (CUDA events) and the activation peak (torch.cuda.max_memory_allocated during the step,
-   minus what was allocated before it).
-2. Measure host<->device bandwidth with pinned buffers and make a Hardware from it.
-3. Profile the step (slackswap.profile), plan with slackswap.plan at 50% of the simulated
-   unconstrained peak with `slackswap` and with `full-recompute`, run each plan with both runtime
-   backends (replay, and checkpoint where it accepts the plan; a refused plan prints why), and print
-   measured against simulated step time and peak, the swap manager's counters, and the loss
-   difference from plain training.
-
-Exits with code 2 and one line on stderr when CUDA is not available.
+Writes DIR/gpu-<device>.md, DIR/gpu-<device>.json and DIR/<device>-measured.json (a hardware
+file the CLI accepts), rewritten after every section so a run cut short keeps what it measured:
+1. the link: pinned H2D and D2H per copy for 64 KiB-256 MiB, both directions at once (duplex
+   factors), per-copy latency; bf16 GEMMs of the model's shapes, causal SDPA and a device copy
+   (efficiencies against the datasheet peak); all of it as the measured Hardware;
+2. a GPT-2-medium-sized model (24 layers, hidden 1024, sequence 1024, bf16, micro-batch sized to
+   the GPU) profiled on the GPU, planned at budgets 0.3/0.5/0.8 with slackswap, capuchin,
+   swap-only and full-recompute on the measured hardware, each plan run for the timed steps
+   under the runtime (and under slackswap.compile where this slackswap has it): step time,
+   memory, bytes copied, late prefetches, host time and gradients against the simulation and
+   plain training;
+3. plain training, torch.utils.checkpoint per block and save_on_cpu in the same run.
+Every measurement goes through gpu_validation.device, so --dry-run runs all of it on CPU.
+Without CUDA (and without --dry-run): one line on stderr, exit code 2, nothing written.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import copy
-import statistics
+import dataclasses
+import datetime
+import os
 import sys
+import tempfile
 import time
+import warnings
+from pathlib import Path
+
+# cuBLAS needs this before CUDA starts to run deterministically (the gradient check turns
+# torch.use_deterministic_algorithms on for one step per configuration).
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+POLICIES = ("slackswap", "capuchin", "swap-only", "full-recompute")
+BUDGETS = (0.3, 0.5, 0.8)
+# HF gpt2-medium: L24 h1024 a16 f4096 V50257, n_ctx 1024.
+GPT2_MEDIUM = dict(vocab=50257, seq_len=1024, hidden=1024, heads=16, layers=24, ffn=4096, dropout=0.1)
+TINY = dict(vocab=64, seq_len=16, hidden=32, heads=4, layers=2, ffn=64, dropout=0.1)
+MAX_MICRO_BATCH = 8  # bounds the step (and the pinned host memory of save_on_cpu) to fit the time limit
+MEMORY_SHARE = 0.25  # plain training's step peak may use this share of the device memory
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """What differs between the GPU run and the dry run."""
+    model: dict
+    micro_batch: int | None  # None: sized to the device
+    warmup: int
+    steps: int
+    link_sizes_bytes: tuple[int, ...]
+    link_repeats: int
+    compute_iters: int
+    hbm_size_bytes: int
+    profile_repeats: int
+
+
+def settings_for(args) -> Settings:
+    from gpu_validation.link import DRY_SIZES_BYTES, FULL_SIZES_BYTES
+
+    if args.dry_run:
+        return Settings(TINY, args.micro_batch or 2, warmup=1, steps=args.steps or 1,
+                        link_sizes_bytes=DRY_SIZES_BYTES, link_repeats=3, compute_iters=2,
+                        hbm_size_bytes=4 * 2**20, profile_repeats=1)
+    return Settings(GPT2_MEDIUM, args.micro_batch, warmup=2, steps=args.steps or 10,
+                    link_sizes_bytes=FULL_SIZES_BYTES, link_repeats=5, compute_iters=10,
+                    hbm_size_bytes=2**30, profile_repeats=3)
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=None,
+                   help="results folder (default benchmarks/results; a new temporary folder with --dry-run)")
+    p.add_argument("--dry-run", action="store_true", help="tiny model, few steps, on CPU unless --device cuda")
+    p.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default cuda (cpu with --dry-run)")
+    p.add_argument("--micro-batch", type=int, default=None, help="default: sized to the GPU (2 in a dry run)")
+    p.add_argument("--steps", type=int, default=None, help="timed steps per configuration (default 10; 1 in a dry run)")
+    p.add_argument("--policies", default=",".join(POLICIES))
+    p.add_argument("--budgets", default=",".join(map(str, BUDGETS)))
+    p.add_argument("--time-limit-s", type=float, default=400.0,
+                   help="configurations that would start past this are skipped, with a note (default 400 s)")
+    args = p.parse_args(argv)
+    args.device = args.device or ("cpu" if args.dry_run else "cuda")
+    args.policies = tuple(x for x in args.policies.split(",") if x)
+    try:
+        args.budgets = tuple(float(x) for x in args.budgets.split(",") if x)
+    except ValueError:
+        p.error(f"--budgets must be fractions separated by commas, got {args.budgets!r}")
+    if any(not 0 < x <= 1 for x in args.budgets) or (args.micro_batch is not None and args.micro_batch < 1):
+        p.error("--budgets must be fractions in (0, 1] and --micro-batch at least 1")
+    return args
+
+
+class Run:
+    """The results being built, written to disk after each section."""
+
+    def __init__(self, args, device, out_dir: Path) -> None:
+        from gpu_validation.report import RESULTS_FORMAT
+
+        self.started = time.perf_counter()
+        self.deadline = self.started + args.time_limit_s
+        self.time_limit_s = args.time_limit_s
+        self.out_dir = out_dir
+        self.results = {
+            "format": RESULTS_FORMAT, "dry_run": bool(args.dry_run), "argv": list(sys.argv[1:]),
+            "started_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "device": device.describe(), "config": {}, "rows": [], "notes": [],
+        }
+
+    def save(self) -> None:
+        from gpu_validation.report import ratios, write_results
+
+        for row in self.results["rows"]:
+            row["ratios"] = ratios(row.get("measured"), row.get("predicted"))
+        self.results["wall_time_s"] = time.perf_counter() - self.started
+        write_results(self.results, self.out_dir)
+
+    def left_s(self) -> float:
+        return self.deadline - time.perf_counter()
+
+    def add_row(self, row: dict) -> dict:
+        row.setdefault("note", "")
+        row["ratios"] = {}
+        self.results["rows"].append(row)
+        return row
+
+
+def log(text: str) -> None:
+    print(text, flush=True)
+
+
+def failure(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300]
+
+
+def predicted_from(timeline) -> dict:
+    """The simulator's figures for a row; allocated/reserved peaks only where the simulator makes them."""
+    summary = timeline.summary()
+    return {"step_time_s": timeline.step_time_s,
+            "activation_peak_bytes": summary.get("activation_peak_bytes", timeline.peak_memory_bytes),
+            "allocated_peak_bytes": summary.get("allocated_peak_bytes"),
+            "reserved_peak_bytes": summary.get("reserved_peak_bytes"),
+            "d2h_bytes": timeline.d2h_bytes, "h2d_bytes": timeline.h2d_bytes,
+            "recompute_time_s": timeline.recompute_time_s, "stall_time_s": timeline.stall_time_s}
+
+
+def size_micro_batch(trainer, device, make_method) -> tuple[int, str]:
+    """Largest power of two up to MAX_MICRO_BATCH whose plain step peak (measured at micro-batch 1,
+    scaled) fits MEMORY_SHARE of the device's memory."""
+    one = trainer.measure(make_method(1), warmup=1, steps=1).to_dict()["step_peak_bytes"]
+    budget = MEMORY_SHARE * (device.total_memory_bytes() - device.allocated_bytes())
+    mb = 1
+    while mb * 2 <= MAX_MICRO_BATCH and 2 * mb * one <= budget:
+        mb *= 2
+    return mb, (f"largest power of two up to {MAX_MICRO_BATCH} whose plain step peak, {one:,} bytes per "
+                f"sequence measured, fits {MEMORY_SHARE:.0%} of the device memory")
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--hidden", type=int, default=1024)
-    parser.add_argument("--heads", type=int, default=16)
-    parser.add_argument("--seq-len", type=int, default=512)
-    parser.add_argument("--micro-batch", type=int, default=8)
-    parser.add_argument("--vocab", type=int, default=8192)
-    parser.add_argument("--steps", type=int, default=8, help="timed steps per configuration")
-    parser.add_argument("--budget", type=float, default=0.5)
-    args = parser.parse_args(argv)
-
+    args = parse_args(argv)
     try:
         import torch
     except ImportError:
         print("gpu_validate: error: needs torch: pip install 'slackswap[torch]'", file=sys.stderr)
         return 2
-    if not torch.cuda.is_available():
-        print("gpu_validate: error: needs a CUDA GPU (torch.cuda.is_available() is False); nothing was run",
-              file=sys.stderr)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from gpu_validation.device import open_device
+
+    try:
+        device = open_device(args.device)
+    except RuntimeError as exc:
+        print(f"gpu_validate: error: {exc}; nothing was run", file=sys.stderr)
         return 2
-
-    import slackswap
-    from slackswap import Action, get_hardware, simulate
-    from slackswap.examples import ExampleConfig, loss_fn, make_batch, make_example
-    from slackswap.profiler import profile_model
-    from slackswap.runtime import CheckpointBackendError, build_execution_map
-    from slackswap.sim import simulate_ideal
-    from slackswap.units import GB, format_bytes, format_seconds
-
-    started = time.perf_counter()
-    device = torch.device("cuda")
-    print(f"device: {torch.cuda.get_device_name(device)}, torch {torch.__version__}")
-    config = ExampleConfig(vocab=args.vocab, seq_len=args.seq_len, hidden=args.hidden, heads=args.heads,
-                           layers=args.layers, ffn=4 * args.hidden, dropout=0.1, micro_batch=args.micro_batch)
-    model = make_example("gpt2", config, device=device, dtype=torch.bfloat16)
-    batches = [make_batch(config, seed=s, device=device) for s in range(args.steps + 2)]
-    print(f"model: GPT-2-like {config}")
-
-    def run_steps(m, runtime=None):
-        """Train steps; returns (median step time s, activation peak bytes, losses)."""
-        opt = torch.optim.SGD(m.parameters(), lr=1e-4)
-        torch.manual_seed(0)
-        times, peaks, losses = [], [], []
-        for i, batch in enumerate(batches):
-            opt.zero_grad(set_to_none=False)
-            torch.cuda.synchronize()
-            base = torch.cuda.memory_allocated()
-            torch.cuda.reset_peak_memory_stats()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            with runtime if runtime is not None else contextlib.nullcontext():
-                loss = loss_fn(m, batch)
-                loss.backward()
-            end.record()
-            torch.cuda.synchronize()
-            opt.step()
-            losses.append(loss.item())
-            if i >= 2:  # the first steps warm up kernels, the allocator and the pinned pool
-                times.append(start.elapsed_time(end) / 1e3)
-                peaks.append(torch.cuda.max_memory_allocated() - base)
-        return statistics.median(times), max(peaks), losses
-
-    # Warm up and give every parameter a gradient buffer, so the peaks below are activations.
-    run_steps(model)
-    ideal_time, ideal_peak, ideal_losses = run_steps(copy.deepcopy(model))
-    print(f"plain training: step {format_seconds(ideal_time)}, activation peak {format_bytes(ideal_peak)}")
-
-    # Host link bandwidth, pinned memory, 256 MiB each way.
-    n = 256 * 2**20
-    host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
-    dev = torch.empty(n, dtype=torch.uint8, device=device)
-    rates = {}
-    for label, (dst, src) in (("h2d", (dev, host)), ("d2h", (host, dev))):
-        samples = []
-        for _ in range(5):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            dst.copy_(src, non_blocking=True)
-            e.record()
-            torch.cuda.synchronize()
-            samples.append(n / (s.elapsed_time(e) / 1e3))
-        rates[label] = statistics.median(samples[1:])
-    del host, dev
-    hardware = get_hardware("h200-pcie5").replace(
-        name="measured", description="this GPU with measured host-link bandwidth",
-        h2d_bytes_per_s=rates["h2d"], d2h_bytes_per_s=rates["d2h"],
-    )
-    print(f"host link: H2D {rates['h2d'] / GB:.1f} GB/s, D2H {rates['d2h'] / GB:.1f} GB/s (pinned, 256 MiB)")
-
-    workload = profile_model(model, batches[0], loss_fn, warmup=1, repeats=3)
-    sim_ideal = simulate_ideal(workload, hardware)
-    budget = max(1, int(args.budget * sim_ideal.peak_memory_bytes))
-    print(f"profile: {len(workload.ops)} ops, {format_bytes(workload.saved_bytes)} saved; simulated ideal step "
-          f"{format_seconds(sim_ideal.step_time_s)}, peak {format_bytes(sim_ideal.peak_memory_bytes)}; "
-          f"budget {format_bytes(budget)} ({args.budget:.0%})")
-
-    rows = [("plain", ideal_time, sim_ideal.step_time_s, ideal_peak, sim_ideal.peak_memory_bytes, 0, 0, 0, 0.0, "")]
-    for policy in ("slackswap", "full-recompute"):
-        try:
-            # slackswap.plan records, for a profiled workload, the step at which the simulation starts
-            # each copy back (plan.info["copy_in_start_step"]); the runtime issues each copy then.
-            plan = slackswap.plan(workload, hardware, budget=args.budget, policy=policy)
-        except Exception as exc:  # report and go on: one policy failing must not hide the other
-            print(f"{policy}: planning failed: {type(exc).__name__}: {exc}")
-            continue
-        emap = build_execution_map(workload, plan)
-        sim = simulate(workload, hardware, plan)
-        counts = "/".join(str(plan.count(a)) for a in Action)
-        for backend in ("replay", "checkpoint"):
-            label = f"{policy}/{backend}"
-            m = copy.deepcopy(model)
-            try:
-                runtime = slackswap.apply(m, plan, workload=workload, backend=backend,
-                                          **({"hardware": hardware} if backend == "checkpoint" else {}))
-            except CheckpointBackendError as exc:
-                print(f"{label}: not run: {exc}")
-                continue
-            step_time, peak, losses = run_steps(m, runtime)
-            diff = max(abs(a - b) for a, b in zip(ideal_losses, losses))
-            s = runtime.stats
-            exact = emap.aligned if backend == "replay" else runtime.checkpoint_map.faithful
-            sim_time, sim_peak = sim.step_time_s, sim.peak_memory_bytes
-            if backend == "checkpoint":
-                # Checkpoint rebuilds each region at its first unpack: simulate that schedule.
-                cmap = runtime.checkpoint_map
-                sim_time = simulate(workload, hardware, cmap.simulated_plan, budget_bytes=2**62,
-                                    check=False).step_time_s
-                sim_peak = cmap.predicted_peak_bytes
-            rows.append((label, step_time, sim_time, peak, sim_peak, s.step_d2h_bytes,
-                         s.peak_device_saved_bytes, s.late_prefetches, diff,
-                         f"keep/swap/recompute {counts}; " + ("exact" if exact else "; ".join(emap.notes))))
-            del m, runtime
-            torch.cuda.empty_cache()
-
-    print()
-    print(f"{'config':26} {'step meas.':>11} {'step sim.':>11} {'peak meas.':>12} {'peak sim.':>12} "
-          f"{'d2h/step':>11} {'mgr peak':>11} {'late':>5} {'max dloss':>9}")
-    for name, t, ts, p, ps, d2h, mp, late, diff, note in rows:
-        print(f"{name:26} {format_seconds(t):>11} {format_seconds(ts):>11} {format_bytes(p):>12} "
-              f"{format_bytes(ps):>12} "
-              f"{format_bytes(d2h):>11} {format_bytes(mp):>11} {late:>5} {diff:>9.2e}")
-        if note:
-            print(f"{'':26} {note}")
-    print(f"\npeak meas. = torch.cuda.max_memory_allocated during the step minus memory allocated before it; "
-          f"peak sim. counts saved activations only. Total wall time {time.perf_counter() - started:.0f} s.")
+    out_dir = args.out or (Path(tempfile.mkdtemp(prefix="gpu-validate-")) if args.dry_run
+                           else Path(__file__).resolve().parent / "results")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        print(f"gpu_validate: error: cannot create results folder {out_dir}: {exc.strerror}", file=sys.stderr)
+        return 2
+    run = Run(args, device, out_dir)
+    validate(run, args, settings_for(args), device, torch)
+    run.save()
+    log(f"wrote {out_dir}/gpu-{device.slug}.md, gpu-{device.slug}.json and {device.slug}-measured.json "
+        f"in {time.perf_counter() - run.started:.0f} s")
     return 0
+
+
+def validate(run: Run, args, cfg: Settings, device, torch) -> None:
+    import slackswap
+    from gpu_validation.compiled import Unavailable, compiled_method
+    from gpu_validation.compute import measure_compute, measured_hardware
+    from gpu_validation.link import measure_link
+    from gpu_validation.report import results_paths
+    from gpu_validation.training import Method, Trainer, peer_methods, runtime_method
+    from slackswap.examples import ExampleConfig, loss_fn, make_batch, make_example
+    from slackswap.hardware import Hardware
+    from slackswap.profiler import profile_model
+    from slackswap.sim import simulate_ideal
+    from slackswap.units import format_bytes, format_seconds
+
+    r = run.results
+    r["config"] = {"policies": list(args.policies), "budgets": list(args.budgets), "warmup": cfg.warmup,
+                   "steps": cfg.steps, "time_limit_s": args.time_limit_s}
+    log(f"device: {device.name} ({device.kind}), torch {torch.__version__}; results in {run.out_dir}")
+
+    # ---- 1. the link and the device ----------------------------------------------------------
+    link = measure_link(device, cfg.link_sizes_bytes, cfg.link_repeats)
+    r["link"] = link.to_dict()
+    log(f"link: H2D {link.largest.h2d_bytes_per_s / 1e9:.2f} GB/s, D2H {link.largest.d2h_bytes_per_s / 1e9:.2f} GB/s "
+        f"at {format_bytes(link.largest.size_bytes)}; duplex factors H2D {link.duplex.h2d_factor:.2f}x, "
+        f"D2H {link.duplex.d2h_factor:.2f}x; latency {format_seconds(link.copy_latency_s)} per copy")
+
+    dtype = torch.bfloat16
+    config = ExampleConfig(**cfg.model, micro_batch=cfg.micro_batch or 1)
+    model = make_example("gpt2", config, device=device.torch_device, dtype=dtype)
+    trainer = Trainer(device, model)
+
+    def plain(mb: int) -> Method:
+        batch_mb = make_batch(dataclasses.replace(config, micro_batch=mb), device=device.torch_device)
+        return Method("plain training", lambda: loss_fn(model, batch_mb))
+
+    rule = "given on the command line" if args.micro_batch else "the dry run's"
+    if cfg.micro_batch is None:
+        mb, rule = size_micro_batch(trainer, device, plain)
+        config = dataclasses.replace(config, micro_batch=mb)
+    batch = make_batch(config, device=device.torch_device)
+    r["model"] = {"kind": "gpt2", "config": dataclasses.asdict(config), "dtype": "bfloat16",
+                  "micro_batch": config.micro_batch, "micro_batch_rule": rule,
+                  "parameters": sum(p.numel() for p in model.parameters()),
+                  "description": f"GPT-2-like from slackswap.examples, {config.layers} layers, hidden {config.hidden}, "
+                                 f"{config.heads} heads, sequence {config.seq_len}, vocabulary {config.vocab}"}
+
+    compute = measure_compute(device, config, dtype, hbm_size_bytes=cfg.hbm_size_bytes, iters=cfg.compute_iters,
+                              repeats=3)
+    r["compute"] = compute.to_dict()
+    hw_path = results_paths(run.out_dir, device.slug)["hardware"]
+    measured_hardware(device, link, compute, r["started_utc"]).save(hw_path)
+    hardware = Hardware.load(hw_path)  # plan and simulate with exactly what the file says
+    r["hardware"] = {"file": hw_path.name, **hardware.to_dict()}
+    log(f"compute: GEMMs {compute.gemm_flops_per_s / 1e12:.1f} TFLOP/s ({compute.gemm_efficiency:.1%} of peak), "
+        f"attention {compute.attention_efficiency:.1%}, HBM {compute.hbm_bytes_per_s / 1e9:.0f} GB/s; wrote {hw_path}")
+    run.save()
+
+    # ---- 2. plain training, the profile, the plans --------------------------------------------
+    def loss():
+        return loss_fn(model, batch)
+
+    plain_row = run.add_row({"name": "plain training", "group": "reference", "method": "plain", "status": "ok"})
+    plain_row["measured"] = trainer.measure(Method("plain", loss), warmup=cfg.warmup, steps=cfg.steps,
+                                            is_reference=True).to_dict()
+    step_s = plain_row["measured"]["step_time_s"]
+    log(f"plain: micro-batch {config.micro_batch}, step {format_seconds(step_s)}, "
+        f"step peak {format_bytes(plain_row['measured']['step_peak_bytes'] or 0)}")
+
+    t0 = time.perf_counter()
+    workload = profile_model(model, batch, loss_fn, warmup=1, repeats=cfg.profile_repeats)
+    ideal = simulate_ideal(workload, hardware)
+    r["profile"] = {"ops": len(workload.ops), "saved_tensors": len(workload.saved_tensors),
+                    "saved_bytes": workload.saved_bytes, "profile_time_s": time.perf_counter() - t0,
+                    "simulated_ideal_step_time_s": ideal.step_time_s,
+                    "simulated_ideal_peak_bytes": ideal.peak_memory_bytes}
+    plain_row["predicted"] = predicted_from(ideal)
+    log(f"profile: {len(workload.ops)} ops in {format_seconds(r['profile']['profile_time_s'])}; simulated ideal "
+        f"step {format_seconds(ideal.step_time_s)}, peak {format_bytes(ideal.peak_memory_bytes)}")
+    run.save()
+
+    plans = []
+    for budget in args.budgets:
+        for policy in args.policies:
+            base = {"policy": policy, "budget_fraction": budget}
+            t0 = time.perf_counter()
+            try:
+                plan = slackswap.plan(workload, hardware, budget=budget, policy=policy)
+                timeline = slackswap.simulate(workload, hardware, plan)
+            except Exception as exc:  # one policy failing must not hide the others
+                plans.append((base, None, {"status": "failed", "note": f"planning: {failure(exc)}"}))
+                continue
+            plans.append((base, plan, {"planning_time_s": time.perf_counter() - t0, "budget_bytes": plan.budget_bytes,
+                                       "predicted": predicted_from(timeline)}))
+
+    def estimate_s() -> float:  # a configuration's steps at up to 4x plain's step time, plus setup
+        return 4 * step_s * (cfg.warmup + cfg.steps + 1) + 5
+
+    def timed(row: dict, make_method) -> None:
+        if run.left_s() < estimate_s():
+            row.update(status="skipped", note=f"time limit ({run.time_limit_s:.0f} s) reached")
+            return
+        try:
+            method = make_method()
+            row["measured"] = trainer.measure(method, warmup=cfg.warmup, steps=cfg.steps).to_dict()
+            row["status"] = "ok"
+        except Unavailable as exc:
+            row.update(status="skipped", note=str(exc))
+        except Exception as exc:
+            row.update(status="failed", note=failure(exc))
+        finally:
+            device.release_cached()
+
+
+    def plan_rows(path: str, make):
+        for base, plan, info in plans:
+            row = run.add_row({"name": f"{base['policy']} @ {base['budget_fraction']:g} ({path})", "group": "plan",
+                               "method": path, "status": "pending", **base, **info})
+            if plan is not None:
+                timed(row, lambda: make(plan, row))
+            m = row.get("measured") or {}
+            log(f"{row['name']}: {row['status']}{' (' + row['note'] + ')' if row['note'] else ''}"
+                + (f", step {format_seconds(m['step_time_s'])} measured vs "
+                   f"{format_seconds(row['predicted']['step_time_s'])} simulated" if m else ""))
+            run.save()
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        plan_rows("runtime", lambda plan, row: runtime_method(
+            row["name"], slackswap.apply(model, plan, workload=workload), loss))
+        for method in peer_methods(device, model, loss):
+            row = run.add_row({"name": method.name, "group": "peer", "method": method.name, "status": "pending"})
+            timed(row, lambda: method)
+            log(f"{row['name']}: {row['status']}" + (f", step {format_seconds(row['measured']['step_time_s'])}"
+                                                      if row.get("measured") else ""))
+            run.save()
+        plan_rows("compiled", lambda plan, row: compiled_method(row["name"], model, batch, loss_fn, plan, workload,
+                                                                hardware))
+    seen = sorted({f"{w.category.__name__}: {str(w.message).splitlines()[0]}" for w in caught})
+    r["notes"] += [f"warning during the steps: {w}" for w in seen[:20]]
+    r["notes"] += [
+        "step peak counts everything the step allocates beyond what was allocated before it (saved activations, "
+        "gradients of activations in backward, transient tensors, workspaces); the simulated activation peak "
+        "counts saved activations only, so its ratio is above 1 even for plain training.",
+        "simulated figures use the profile's measured op times and the measured hardware file; planning time "
+        "includes the simulation of the plan.",
+    ]
 
 
 if __name__ == "__main__":
