@@ -28,6 +28,7 @@ import os
 import sys
 import tempfile
 import time
+import traceback
 import warnings
 from pathlib import Path
 
@@ -41,6 +42,7 @@ BUDGETS = (0.3, 0.5, 0.8)
 GPT2_MEDIUM = dict(vocab=50257, seq_len=1024, hidden=1024, heads=16, layers=24, ffn=4096, dropout=0.1)
 TINY = dict(vocab=64, seq_len=16, hidden=32, heads=4, layers=2, ffn=64, dropout=0.1)
 MAX_MICRO_BATCH = 8  # bounds the step (and the pinned host memory of save_on_cpu) to fit the time limit
+COMPILE_ALLOWANCE_S = 60.0  # time allowed for one torch.compile of the model before its steps (an allowance)
 MEMORY_SHARE = 0.25  # plain training's step peak may use this share of the device memory
 
 
@@ -75,15 +77,18 @@ def parse_args(argv):
     p.add_argument("--out", type=Path, default=None,
                    help="results folder (default benchmarks/results; a new temporary folder with --dry-run)")
     p.add_argument("--dry-run", action="store_true", help="tiny model, few steps, on CPU unless --device cuda")
-    p.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default cuda (cpu with --dry-run)")
+    p.add_argument("--device", choices=("cuda", "cpu"), default=None,
+                   help="default cuda (cpu with --dry-run); cpu always means the dry run")
     p.add_argument("--micro-batch", type=int, default=None, help="default: sized to the GPU (2 in a dry run)")
     p.add_argument("--steps", type=int, default=None, help="timed steps per configuration (default 10; 1 in a dry run)")
     p.add_argument("--policies", default=",".join(POLICIES))
     p.add_argument("--budgets", default=",".join(map(str, BUDGETS)))
-    p.add_argument("--time-limit-s", type=float, default=400.0,
-                   help="configurations that would start past this are skipped, with a note (default 400 s)")
+    p.add_argument("--time-limit-s", type=float, default=360.0,
+                   help="a configuration that would end past this many seconds after the start is skipped, "
+                        "with a note (default 360 s: the run then ends within about 7 minutes)")
     args = p.parse_args(argv)
     args.device = args.device or ("cpu" if args.dry_run else "cuda")
+    args.dry_run = args.dry_run or args.device == "cpu"  # the full model on CPU would take hours
     args.policies = tuple(x for x in args.policies.split(",") if x)
     try:
         args.budgets = tuple(float(x) for x in args.budgets.split(",") if x)
@@ -97,7 +102,7 @@ def parse_args(argv):
 class Run:
     """The results being built, written to disk after each section."""
 
-    def __init__(self, args, device, out_dir: Path) -> None:
+    def __init__(self, args, argv: list[str], device, out_dir: Path) -> None:
         from gpu_validation.report import RESULTS_FORMAT
 
         self.started = time.perf_counter()
@@ -105,7 +110,7 @@ class Run:
         self.time_limit_s = args.time_limit_s
         self.out_dir = out_dir
         self.results = {
-            "format": RESULTS_FORMAT, "dry_run": bool(args.dry_run), "argv": list(sys.argv[1:]),
+            "format": RESULTS_FORMAT, "dry_run": bool(args.dry_run), "argv": list(argv),
             "started_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "device": device.describe(), "config": {}, "rows": [], "notes": [],
         }
@@ -147,19 +152,25 @@ def predicted_from(timeline) -> dict:
             "recompute_time_s": timeline.recompute_time_s, "stall_time_s": timeline.stall_time_s}
 
 
-def size_micro_batch(trainer, device, make_method) -> tuple[int, str]:
-    """Largest power of two up to MAX_MICRO_BATCH whose plain step peak (measured at micro-batch 1,
-    scaled) fits MEMORY_SHARE of the device's memory."""
-    one = trainer.measure(make_method(1), warmup=1, steps=1).to_dict()["step_peak_bytes"]
-    budget = MEMORY_SHARE * (device.total_memory_bytes() - device.allocated_bytes())
+def micro_batch_for(step_peak_per_sequence_bytes: int, free_bytes: int) -> int:
+    """Largest power of two up to MAX_MICRO_BATCH whose plain step peak fits MEMORY_SHARE of the
+    free device memory (at least 1)."""
     mb = 1
-    while mb * 2 <= MAX_MICRO_BATCH and 2 * mb * one <= budget:
+    while mb * 2 <= MAX_MICRO_BATCH and 2 * mb * step_peak_per_sequence_bytes <= MEMORY_SHARE * free_bytes:
         mb *= 2
+    return mb
+
+
+def size_micro_batch(trainer, device, make_method) -> tuple[int, str]:
+    """micro_batch_for the plain step peak measured at micro-batch 1."""
+    one = trainer.measure(make_method(1), warmup=1, steps=1).to_dict()["step_peak_bytes"]
+    mb = micro_batch_for(one, device.total_memory_bytes() - device.allocated_bytes())
     return mb, (f"largest power of two up to {MAX_MICRO_BATCH} whose plain step peak, {one:,} bytes per "
                 f"sequence measured, fits {MEMORY_SHARE:.0%} of the device memory")
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
     try:
         import torch
@@ -181,8 +192,17 @@ def main(argv=None) -> int:
     except OSError as exc:
         print(f"gpu_validate: error: cannot create results folder {out_dir}: {exc.strerror}", file=sys.stderr)
         return 2
-    run = Run(args, device, out_dir)
-    validate(run, args, settings_for(args), device, torch)
+    run = Run(args, argv, device, out_dir)
+    try:
+        validate(run, args, settings_for(args), device, torch)
+    except Exception as exc:  # keep what was measured: the files say where the run stopped
+        run.results["notes"].append(f"the run stopped early: {failure(exc)}")
+        run.results["traceback"] = traceback.format_exc()
+        run.save()
+        traceback.print_exc()
+        print(f"gpu_validate: error: the run stopped early ({failure(exc)}); partial results in {out_dir}",
+              file=sys.stderr)
+        return 1
     run.save()
     log(f"wrote {out_dir}/gpu-{device.slug}.md, gpu-{device.slug}.json and {device.slug}-measured.json "
         f"in {time.perf_counter() - run.started:.0f} s")
@@ -285,8 +305,8 @@ def validate(run: Run, args, cfg: Settings, device, torch) -> None:
     def estimate_s() -> float:  # a configuration's steps at up to 4x plain's step time, plus setup
         return 4 * step_s * (cfg.warmup + cfg.steps + 1) + 5
 
-    def timed(row: dict, make_method) -> None:
-        if run.left_s() < estimate_s():
+    def timed(row: dict, make_method, setup_s: float = 0.0) -> None:
+        if run.left_s() < estimate_s() + setup_s:
             row.update(status="skipped", note=f"time limit ({run.time_limit_s:.0f} s) reached")
             return
         try:
@@ -301,12 +321,12 @@ def validate(run: Run, args, cfg: Settings, device, torch) -> None:
             device.release_cached()
 
 
-    def plan_rows(path: str, make):
+    def plan_rows(path: str, make, setup_s: float = 0.0):
         for base, plan, info in plans:
             row = run.add_row({"name": f"{base['policy']} @ {base['budget_fraction']:g} ({path})", "group": "plan",
                                "method": path, "status": "pending", **base, **info})
             if plan is not None:
-                timed(row, lambda: make(plan, row))
+                timed(row, lambda: make(plan, row), setup_s)
             m = row.get("measured") or {}
             log(f"{row['name']}: {row['status']}{' (' + row['note'] + ')' if row['note'] else ''}"
                 + (f", step {format_seconds(m['step_time_s'])} measured vs "
@@ -324,7 +344,7 @@ def validate(run: Run, args, cfg: Settings, device, torch) -> None:
                                                       if row.get("measured") else ""))
             run.save()
         plan_rows("compiled", lambda plan, row: compiled_method(row["name"], model, batch, loss_fn, plan, workload,
-                                                                hardware))
+                                                                hardware), setup_s=COMPILE_ALLOWANCE_S)
     seen = sorted({f"{w.category.__name__}: {str(w.message).splitlines()[0]}" for w in caught})
     r["notes"] += [f"warning during the steps: {w}" for w in seen[:20]]
     r["notes"] += [

@@ -5,6 +5,7 @@ CUDA GPU (events, streams, pinned memory, allocator statistics) and, for its dry
 from __future__ import annotations
 
 import contextlib
+import gc
 import re
 import threading
 import time
@@ -137,7 +138,12 @@ class CudaDevice(Device):
         torch.cuda.reset_peak_memory_stats(self.torch_device)
 
     def release_cached(self) -> None:
+        # Between configurations: drop what the last one left (a runtime's pinned pool can be tens of
+        # GiB, and the host caching allocator would keep it), so each one's memory figures are its own.
+        gc.collect()
         torch.cuda.empty_cache()
+        if hasattr(torch._C, "_host_emptyCache"):
+            torch._C._host_emptyCache()
 
     def oom_errors(self):
         return (torch.cuda.OutOfMemoryError, MemoryError)
