@@ -1,9 +1,9 @@
 """`slackswap` against an exhaustive search (tests/brute_force.py) on tiny random workloads.
 
 The search tries every keep/swap/recompute choice per tensor, so it knows the fastest plan the
-simulator allows. Rules 7 and 9 of the planner (a wider search, then a branch and bound, when
+simulator allows. Rules 2, 7-8 and 10 of the planner (a wider search, then a branch and bound, when
 simulations are cheap) exist because the narrower search missed it by up to 3.6x on such
-workloads. When rule 9 reports its search complete the plan must be the exhaustive best: this
+workloads. When rule 10 reports its search complete the plan must be the exhaustive best: this
 is the independent oracle of planners/exact.py.
 """
 
@@ -62,9 +62,9 @@ def test_slackswap_is_near_the_exhaustive_best(generated_cases, tally, workload,
     generated_cases["brute force: tiny workloads planned and searched"] += 1
     assert planned_s >= best_s * (1 - 1e-9), "the exhaustive search must be the fastest"
     ratio = planned_s / best_s if best_s > 0 else 1.0
-    if plan.info.get("exact_search") == "complete":  # rule 9 finished: nothing may be faster
+    if plan.info.get("exact_search") == "complete":  # rule 10 finished: nothing may be faster
         generated_cases["brute force: exact search complete, checked equal"] += 1
-        assert ratio <= 1 + 1e-9, f"rule 9 ended at {planned_s} s, the exhaustive best is {best_s} s at {budget} B"
+        assert ratio <= 1 + 1e-9, f"rule 10 ended at {planned_s} s, the exhaustive best is {best_s} s at {budget} B"
     assert ratio <= WITHIN, f"slackswap {planned_s} s vs best {best_s} s at {budget} B"
     tally["instances"] += 1
     tally["optimal"] += ratio <= 1 + 1e-9

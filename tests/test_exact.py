@@ -1,4 +1,4 @@
-"""Rule 9 of `slackswap`: the branch and bound (planners/exact.py).
+"""Rule 10 of `slackswap`: the branch and bound (planners/exact.py).
 
 Its answer is only exact if every bound it prunes with is a true lower bound, so each bound is
 checked against the simulator on every assignment of random tiny workloads, and the search
@@ -20,6 +20,7 @@ from slackswap.hardware import PRESETS
 from slackswap.planners import plan_workload
 from slackswap.planners.common import build, evaluate
 from slackswap.planners.exact import EXACT_MAX_CANDIDATES, Bounds, branch_and_bound, one_stream_bound
+from slackswap.planners.search import Search
 from slackswap.plans import Action
 from slackswap.sim import simulate, simulate_ideal
 from slackswap.workloads.models import build_model_workload
@@ -105,7 +106,7 @@ def test_search_finds_the_hand_solved_best(rate, incumbent, expected_s, expected
     hw = _slow_link(rate)
     first = start(CHAIN, hw, 116, incumbent)
     assert first.fits and first.step_time_s > expected_s
-    found = branch_and_bound(CHAIN, hw, 116, first, {}, policy="test")
+    found = branch_and_bound(Search(CHAIN, hw, 116, "test"), first)
     assert found.complete
     assert found.best.step_time_s == pytest.approx(expected_s)
     assert found.best.plan.actions["t0"] is expected and found.best.plan.actions["t1"] is Action.KEEP
@@ -116,14 +117,14 @@ def test_search_finds_the_hand_solved_best(rate, incumbent, expected_s, expected
 def test_search_cut_off_by_its_cap_keeps_the_incumbent_and_says_so():
     hw = _slow_link(1e6)
     first = start(CHAIN, hw, 116, {"t0": Action.RECOMPUTE, "t1": Action.RECOMPUTE})
-    found = branch_and_bound(CHAIN, hw, 116, first, {}, policy="test", max_simulations=0)
+    found = branch_and_bound(Search(CHAIN, hw, 116, "test"), first, max_simulations=0)
     assert not found.complete and found.simulations == 0 and found.best is first
 
 
 def test_search_simulates_nothing_when_the_incumbent_is_ideal():
     hw = _slow_link(1e6)
     first = start(CHAIN, hw, 1000, {})  # everything kept fits: the ideal step
-    found = branch_and_bound(CHAIN, hw, 1000, first, {}, policy="test")
+    found = branch_and_bound(Search(CHAIN, hw, 1000, "test"), first)
     assert found.complete and found.simulations == 0 and found.best is first
 
 

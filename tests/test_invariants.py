@@ -347,7 +347,7 @@ def test_slackswap_counterexample_more_bandwidth_is_slower():
     """Found by test_more_bandwidth_never_slows_slackswap (ideal step 19.8 s, minimum 607 B, peak 1628 B).
 
     At 200 B/s the value family swaps t0 (its copy fits its window) and stalls 0.825 s for memory
-    while the copy runs; recomputing t1 (0.05 s) instead is what 20 B/s finds. Fixed by rule 6: the
+    while the copy runs; recomputing t1 (0.05 s) instead is what 20 B/s finds. Fixed by rule 1: the
     recompute-only start, the same plan on every link, bounds the result."""
     w = _workload(
         [("op0", ["x"], ["t0", "u0"], 3.0, 2.0), ("op1", ["x"], ["t1"], 0.05, 0.0), ("op2", ["x"], ["t2"], 0.0, 6.0),
@@ -371,7 +371,7 @@ def test_slackswap_second_counterexample_at_the_minimum_budget():
     set the knapsack family grows into, and recomputing everything does not fit (744 B). At 20 B/s
     no family fits, so the planner starts from everything swapped and its repair reaches {t0, t2,
     u2} (27.0 s); at 200 B/s the early family fits with a swap plan that waits 1.03 s for copies
-    (27.027 s), and no single repair move leads to {t0, t2, u2}. Fixed by rule 6's peak descent:
+    (27.027 s), and no single repair move leads to {t0, t2, u2}. Fixed by rule 1's peak descent:
     from recomputing everything, keeping t1 brings the peak to 705 B, and the no-swap repair keeps
     t3 (27.0 s), the same on both links."""
     ops = [("op0", ["x"], ["t0"], 0.0, 6.0), ("op1", ["t0"], ["t1"], 0.5, 6.0), ("op2", ["t0"], ["t2", "u2"], 1.0, 2.0),
@@ -394,8 +394,8 @@ def test_slackswap_counterexample_more_budget_is_slower():
 
     At both budgets no family fits and the planner starts from everything swapped; at 177 B the
     repair turned t2 and t1 into recomputes and back into keeps (16.95 s), at 221 B it stopped after
-    the first two moves (17.0 s), though the 177 B plan also runs in 16.95 s at 221 B. Rule 5's
-    tie-break fixed the order (16.95 s at both). Rule 7 (the wider search on small workloads) now
+    the first two moves (17.0 s), though the 177 B plan also runs in 16.95 s at 221 B. Rule 7's
+    tie-break fixed the order (16.95 s at both). The wide search (rules 2, 7's polish, 8) now
     finds the exhaustive best at both budgets: swap t0 and recompute u0 (12.3 s) at 177 B,
     recompute u0 and t1 (2.6 s) at 221 B."""
     w = _workload([("op0", ["x"], ["t0", "u0"], 0.5, 0.0), ("op1", ["x", "t0"], ["t1"], 0.05, 1.0),
@@ -415,7 +415,7 @@ def test_slackswap_third_counterexample_more_bandwidth_is_slower():
 
     At 400 B/s D2H every link order starts slower than the floor (recompute t0, t2, u2, t4, t6), and the
     repair from the floor swaps t1 (5.95 s). At 600 B/s the value order starts at 6.23 s, below the
-    floor, so only it was repaired, and no single change improved it (6.23 s). Fixed by rule 7: on a
+    floor, so only it was repaired, and no single change improved it (6.23 s). Fixed by the wide search: on a
     workload this small the other starts are repaired too, and the floor's repair swaps t1 on both
     links. 5.95 s is the exhaustive best on both links (tests/brute_force.py, 3**9 plans, 3.5 s each,
     so not rerun here)."""
@@ -461,12 +461,12 @@ def test_slackswap_second_counterexample_more_budget_is_slower():
 
 
 def test_slackswap_fourth_counterexample_more_bandwidth_is_slower():
-    """Found by benchmarks/hunt_monotone.py (20000 draws, seed 42) after rule 7; 7 candidates.
+    """Found by benchmarks/hunt_monotone.py (20000 draws, seed 42) after the wide search; 7 candidates.
 
     It was: 24.54 s at 100 B/s D2H (the exhaustive best) and 24.95 s at 200 B/s (best 23.88 s,
     three changes away). After copies back were made to land before the recompute that reads
-    them (schedule.first_need_step), rules 1-8 gave 26.68 s and 24.95 s: the property held, but on
-    either side of a search miss. Rule 9 (the exact search on few candidates) gives the
+    them (schedule.first_need_step), rules 1-9 gave 26.68 s and 24.95 s: the property held, but on
+    either side of a search miss. Rule 10 (the exact search on few candidates) gives the
     exhaustive best on both links."""
     ops = [("op0", ["x"], ["t0"], 0.5, 6.0), ("op1", ["x"], ["t1"], 0.0, 6.0), ("op2", ["t1", "x"], ["t2"], 1.0, 6.0),
            ("op3", ["t2", "x"], ["t3", "u3"], 3.0, 0.1), ("op4", ["x"], ["t4", "u4"], 0.5, 0.1)]

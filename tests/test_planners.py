@@ -267,26 +267,28 @@ def test_optimal_reports_its_bound_objective_and_simulated_step():
 
 def sized_by_peak(monkeypatch, peak_at):
     """Replace fit_need's simulations: a plan is its need, it peaks at peak_at(need) bytes, fits
-    when that is within the budget, and takes 1 s plus 1 ms per byte of need. Returns the list
-    of needs asked for and the family's make(need)."""
+    when that is within the budget (120 B), and takes 1 s plus 1 ms per byte of need. Returns
+    the search, the list of needs asked for and the family's make(need)."""
     import types
 
-    from slackswap.planners import selection
+    from slackswap.planners.search import Search
 
-    def fake_evaluate(workload, hardware, need, budget_bytes, memo=None):
+    search = Search(chain(4), fast_link(), 120, "test")
+
+    def fake_evaluate(need, *, unlimited=False):
         peak = peak_at(need)
-        fits = peak <= budget_bytes
+        fits = peak <= (float("inf") if unlimited else search.budget_bytes)
         return types.SimpleNamespace(fits=fits, step_time_s=1.0 + need / 1000 if fits else float("inf"),
                                      timeline=types.SimpleNamespace(peak_memory_bytes=peak), need=need)
 
-    monkeypatch.setattr(selection, "evaluate", fake_evaluate)
+    monkeypatch.setattr(search, "evaluate", fake_evaluate)
     visited: list[int] = []
 
     def make(need: int) -> int:
         visited.append(need)
         return need
 
-    return visited, make
+    return search, visited, make
 
 
 def test_fit_need_goes_back_when_taking_more_off_raises_the_peak(monkeypatch):
@@ -300,8 +302,8 @@ def test_fit_need_goes_back_when_taking_more_off_raises_the_peak(monkeypatch):
     def peak_at(need: int) -> int:
         return 200 - 2 * need if need < 60 else 300
 
-    visited, make = sized_by_peak(monkeypatch, peak_at)
-    found = selection.fit_need(chain(4), fast_link(), 120, 0, make, rounds=14)
+    search, visited, make = sized_by_peak(monkeypatch, peak_at)
+    found = selection.fit_need(search, 0, make, rounds=14)
     assert visited[:3] == [0, 80, 40]
     assert found is not None and found.need == 40 and found.timeline.peak_memory_bytes == 120
 
@@ -324,8 +326,8 @@ def test_fit_need_leaps_past_a_range_of_needs_that_all_raise_the_peak(monkeypatc
         # (larger items, longer groups), 1 B more per 1 % of the keep-all peak
         return 130 if need == 0 else 131 + need // 100 if need < clears_from else 110
 
-    visited, make = sized_by_peak(monkeypatch, peak_at)
-    found = selection.fit_need(chain(4), fast_link(), 120, 0, make, rounds=14)
+    search, visited, make = sized_by_peak(monkeypatch, peak_at)
+    found = selection.fit_need(search, 0, make, rounds=14)
     assert found is not None and found.need == clears_from
     assert max(visited) < 2 * clears_from  # leaps double from 1 %: past 10 % without running far
 
@@ -338,6 +340,7 @@ def test_fit_fewer_swaps_sizes_the_longest_swap_prefix_whose_far_end_fits(monkey
     import types
 
     from slackswap.planners import slackswap as planner
+    from slackswap.planners.search import Search
 
     accepted = [f"s{i}" for i in range(80)]
     far_ends, sized = [], []
@@ -349,18 +352,19 @@ def test_fit_fewer_swaps_sizes_the_longest_swap_prefix_whose_far_end_fits(monkey
 
     fits = [range(1, 68)]  # prefix lengths whose far end fits
 
-    def fake_evaluate(workload, hardware, plan, budget_bytes, memo=None):
+    def fake_evaluate(plan, *, unlimited=False):
         far_ends.append(len(plan))
         return types.SimpleNamespace(fits=len(plan) in fits[0])
 
-    def fake_fit_need(workload, hardware, budget_bytes, initial_need, make, **kwargs):
+    def fake_fit_need(search, initial_need, make, **kwargs):
         prefix = make(initial_need)
         sized.append(len(prefix))
         return types.SimpleNamespace(step_time_s=1.0, prefix=prefix)
 
-    monkeypatch.setattr(planner, "evaluate", fake_evaluate)
+    search = Search(chain(4), fast_link(), 100, "test")
+    monkeypatch.setattr(search, "evaluate", fake_evaluate)
     monkeypatch.setattr(planner, "fit_need", fake_fit_need)
-    found = planner.fit_fewer_swaps(chain(4), fast_link(), 100, 10, accepted, family, {})
+    found = planner.fit_fewer_swaps(search, accepted, family)
     # down from the list: 70 does not fit, 60 does; bisect 60..70: 65 fits, 67 fits, 68 does not
     assert far_ends == [70, 60, 65, 67, 68]
     # both sized, the longest first: each is a start candidate
@@ -369,5 +373,5 @@ def test_fit_fewer_swaps_sizes_the_longest_swap_prefix_whose_far_end_fits(monkey
     far_ends.clear()
     sized.clear()
     fits[0] = range(0)
-    assert planner.fit_fewer_swaps(chain(4), fast_link(), 100, 10, accepted, family, {}) == []
+    assert planner.fit_fewer_swaps(search, accepted, family) == []
     assert far_ends == [70, 60, 50, 40, 30, 20, 10] and sized == []

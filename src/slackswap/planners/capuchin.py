@@ -24,6 +24,7 @@ from ..workload import Workload
 from .common import build, evaluate, facts_for, fewest_that_fit, just_in_time_prefetch, policy_cannot_fit
 from .copies import d2h_time_s, h2d_hidden
 from .minimum import minimum_budget_bytes
+from .search import Search
 from .selection import actions_for, cheapest_per_byte, fit_need, keep_all_peak_bytes
 
 POLICY = "capuchin"
@@ -57,8 +58,8 @@ def plan_capuchin(workload: Workload, hardware: Hardware, budget_bytes: int) -> 
         return build(workload, hardware, actions_for(swapped, recompute), POLICY, budget_bytes,
                      info={"rule": "swap in forward order while hidden, then recompute by MSPS", "need_bytes": need})
 
-    best = fit_need(workload, hardware, budget_bytes, keep_all_peak_bytes(facts) - budget_bytes, make,
-                    allow_memory_stalls=True)
+    best = fit_need(Search(workload, hardware, budget_bytes, POLICY), keep_all_peak_bytes(facts) - budget_bytes,
+                    make, allow_memory_stalls=True)
     if best is not None:
         return best.plan
     return _swap_more(workload, hardware, budget_bytes)

@@ -30,12 +30,6 @@ def d2h_finish_s(facts: Facts, hardware: Hardware, swapped: Iterable[str]) -> di
     return ends
 
 
-def d2h_hidden(facts: Facts, hardware: Hardware, swapped: Iterable[str]) -> bool:
-    """Every copy out ends before the forward pass does (so it frees memory before the peak)."""
-    ends = d2h_finish_s(facts, hardware, swapped)
-    return all(end <= facts.forward_time_s for end in ends.values())
-
-
 def h2d_hidden(facts: Facts, hardware: Hardware, swapped: Iterable[str], *, d2h_tail_s: float = 0.0) -> bool:
     """Can every copy back land before its first backward use?
 

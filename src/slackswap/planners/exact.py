@@ -1,4 +1,4 @@
-"""Rule 9 of `slackswap`: an exact search where it is cheap.
+"""Rule 10 of `slackswap`: an exact search where it is cheap.
 
 A branch and bound over every keep / swap / recompute assignment of the candidate tensors, each
 assignment with the schedule `make_plan` derives for the hardware (the same plans
@@ -6,7 +6,7 @@ tests/brute_force.py enumerates), simulated under the budget. It starts from the
 plan as the incumbent and drops a partial assignment when a lower bound on every completion's
 step time is no better. When it finishes within its simulation cap its plan is the fastest any
 assignment gives; a local search can return different local optima for neighbouring inputs
-(more budget, a faster link), the exhaustive best cannot (docs/planners.md, rule 9).
+(more budget, a faster link), the exhaustive best cannot (docs/planners.md, rule 10).
 
 Lower bounds, each valid whatever the undecided tensors become (keeping costs nothing):
 
@@ -31,11 +31,12 @@ from dataclasses import dataclass
 from ..hardware import Hardware
 from ..plans import Action
 from ..workload import Workload
-from .common import Candidate, build, evaluate, facts_for
-from .repair import _rank
+from .common import Candidate, facts_for
+from .repair import rank
+from .search import Search
 
-# Up to 3**12 assignments before pruning; with the cap below the search costs at most about a
-# second on a few-op workload (0.2 ms per simulation) and never runs on the built-in models.
+# Up to 3**12 assignments before pruning; the cap bounds the search's cost on a few-op workload
+# (measured in docs/planners.md, rule 10); the built-in models never qualify.
 EXACT_MAX_CANDIDATES = 12
 EXACT_MAX_SIMULATIONS = 4000
 _ROUNDING = 1e-12  # bounds are sums taken in another order than the simulator's
@@ -117,12 +118,13 @@ def one_stream_bound(jobs: list[tuple[float, float, float]]) -> float:
     return best
 
 
-def branch_and_bound(workload: Workload, hardware: Hardware, budget_bytes: int, incumbent: Candidate,
-                     memo: dict, *, policy: str, max_simulations: int = EXACT_MAX_SIMULATIONS) -> ExactResult:
-    facts = facts_for(workload)
+def branch_and_bound(search: Search, incumbent: Candidate, *,
+                     max_simulations: int = EXACT_MAX_SIMULATIONS) -> ExactResult:
+    """The fastest assignment of every candidate tensor, from ``incumbent``, within ``max_simulations``."""
+    facts, budget_bytes = search.facts, search.budget_bytes
     # Large tensors first: their choice decides most of the memory and copy bounds.
     names = sorted(facts.candidates, key=lambda n: (-facts.size[n], facts.production_order[n]))
-    bounds = Bounds(workload, hardware)
+    bounds = Bounds(search.workload, search.hardware)
     held = bounds.held  # updated in place as tensors are kept, restored on the way back
     best = incumbent
     simulations = 0
@@ -143,9 +145,8 @@ def branch_and_bound(workload: Workload, hardware: Hardware, budget_bytes: int, 
                 complete = False
                 return
             simulations += 1
-            plan = build(workload, hardware, {n: actions[n] for n in facts.candidates}, policy, budget_bytes)
-            found = evaluate(workload, hardware, plan, budget_bytes, memo)
-            if found.fits and _rank(found) < _rank(best):
+            found = search.try_actions({n: actions[n] for n in facts.candidates})
+            if found.fits and rank(found) < rank(best):
                 best = found
             return
         name = names[i]

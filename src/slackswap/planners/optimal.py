@@ -53,10 +53,9 @@ NODE_LIMIT = 2000
 """Branch-and-bound nodes per solve. A node limit, not a time limit: HiGHS's search is
 deterministic for given options (its MIP solver runs on one thread), so stopping after a fixed
 number of nodes gives the same incumbent on every run and every machine, where a time limit
-stops wherever a loaded machine happens to be (bert-large at 0.7 simulated 97.69 % in one run
-and 96.70 % in the next under the former 8 s limit). 2000 nodes take 1-7 s per solve on the
-built-in models (benchmarks/results/planners.md); when it binds the plan carries the incumbent,
-its gap and the dual bound."""
+stops wherever a loaded machine happens to be (docs/planners.md, "optimal", has the measured
+case and the solve times); when it binds the plan carries the incumbent, its gap and the dual
+bound."""
 MIP_REL_GAP = 1e-4
 MAX_UNITS = 400
 """Decision units above which blocks are grouped (``layer_groups``): per-op decisions on the

@@ -12,6 +12,7 @@ from ..hardware import Hardware
 from ..plans import Plan
 from ..workload import Workload
 from .common import build, facts_for, natural_peak_bytes, policy_cannot_fit
+from .search import Search
 from .selection import actions_for, fit_need, keep_all_peak_bytes, knapsack_min_time
 
 
@@ -25,7 +26,8 @@ def plan_recompute_optimal(workload: Workload, hardware: Hardware, budget_bytes:
         return build(workload, hardware, actions_for(recompute=chosen), "recompute-optimal", budget_bytes,
                      info={"rule": "knapsack: least rebuild time for the bytes needed", "need_bytes": need})
 
-    best = fit_need(workload, hardware, budget_bytes, keep_all_peak_bytes(facts) - budget_bytes, make)
+    best = fit_need(Search(workload, hardware, budget_bytes, "recompute-optimal"),
+                    keep_all_peak_bytes(facts) - budget_bytes, make)
     if best is None:
         everything = build(workload, hardware, actions_for(recompute=facts.candidates), "recompute-optimal",
                            budget_bytes)

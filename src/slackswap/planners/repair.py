@@ -1,4 +1,4 @@
-"""The simulator-driven repair loop of `slackswap` (rule 5 in slackswap.py).
+"""The simulator-driven repair loop of `slackswap` (rule 7 in slackswap.py).
 
 Each round reads the current plan's simulated timeline, proposes a few single changes
 where the timeline points, and simulates them in turn; the first that makes the step
@@ -14,14 +14,14 @@ action) from one action to another, since re-running an op rebuilds all its outp
   recomputes become keeps (they are rebuilt last in backward, when memory has been freed,
   so the budget may have room for them).
 
-When the planning call has simulations to spare (``Spare``, rule 7 in slackswap.py), a round
+When the planning call grants a wide search (``Search.wide_left``, slackswap.py), a round
 whose proposals all fail goes on to a polish: every change of one producer's tensors to another
-action, then of one tensor, then of two tensors at once, until one is better or the spare runs
-out. Small workloads get this wider search; large ones, whose simulations cost more, get few
-or no spare simulations.
+action, then of one tensor, then of two tensors at once, until one is better or the allowance
+runs out. Small workloads get this wider search; large ones, whose simulations cost more, get
+none.
 
 Between equally fast plans the one with less recompute, then fewer bytes copied, counts as
-better (``_rank``). The loop ends when no proposed change makes the plan better, or after
+better (``rank``). The loop ends when no proposed change makes the plan better, or after
 ``max_simulations`` simulations (a bound on planning time).
 """
 
@@ -30,21 +30,14 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-from ..hardware import Hardware
 from ..plans import Action
 from ..workload import Workload
-from .common import Candidate, build, evaluate, facts_for
+from .common import Candidate
 from .copies import WindowBooking
+from .search import Search
 from .selection import op_items
 
 PROPOSALS_PER_KIND = 3
-
-
-@dataclass
-class Spare:
-    """Simulations a planning call may spend beyond the targeted proposals (shared by its repairs)."""
-
-    left: int
 
 
 @dataclass
@@ -60,14 +53,13 @@ def _item(workload: Workload, actions, name: str) -> tuple[str, ...]:
     return tuple(o for o in op.outputs if actions.get(o) is actions[name])
 
 
-def _propose(workload: Workload, hardware: Hardware, current: Candidate, budget_bytes: int,
-             allow_swaps: bool = True):
-    facts = facts_for(workload)
+def _propose(search: Search, current: Candidate, allow_swaps: bool = True):
+    workload, facts = search.workload, search.facts
     actions = current.plan.actions
     timeline = current.timeline
     swapped = [n for n in facts.candidates if actions[n] is Action.SWAP]
     recomputed = [n for n in facts.candidates if actions[n] is Action.RECOMPUTE]
-    headroom = budget_bytes - timeline.peak_memory_bytes if timeline.stall_memory_s == 0 else 0
+    headroom = search.budget_bytes - timeline.peak_memory_bytes if timeline.stall_memory_s == 0 else 0
     proposals: list[tuple[str, tuple[str, ...], Action]] = []
     seen: set[tuple[str, ...]] = set()
 
@@ -112,7 +104,7 @@ def _propose(workload: Workload, hardware: Hardware, current: Candidate, budget_
     # Recomputes the link has room for, costliest rebuild first; then the same letting the copy
     # out run into backward (the copy back must still land in time): the tensor then leaves
     # after the peak, which backward's frees may absorb.
-    booking = WindowBooking(facts, hardware, swapped)
+    booking = WindowBooking(facts, search.hardware, swapped)
     by_cost = sorted(recomputed, key=lambda n: (-facts.rebuild_time_s[n], order[n]))
     for deadline, why in ((facts.forward_time_s, "link has room"), (None, "copy out spills into backward")) \
             if allow_swaps else ():
@@ -132,7 +124,7 @@ def _propose(workload: Workload, hardware: Hardware, current: Candidate, budget_
     return proposals
 
 
-def _rank(candidate: Candidate) -> tuple[float, float, int]:
+def rank(candidate: Candidate) -> tuple[float, float, int]:
     """What the loop minimizes: the step time, then, between equally fast plans, the recompute
     time and the bytes copied out. A move that keeps the step time but does less extra work is
     taken: its timeline has slack the next move can use (a keep that pays off only once another
@@ -144,31 +136,30 @@ def _rank(candidate: Candidate) -> tuple[float, float, int]:
 MAX_SIMULATIONS = 64  # per repair call: a bound on planning time
 
 
-def repair(workload: Workload, hardware: Hardware, start: Candidate, budget_bytes: int,
-           *, max_simulations: int = MAX_SIMULATIONS, memo: dict | None = None, allow_swaps: bool = True,
-           spare: Spare | None = None) -> RepairResult:
+def repair(search: Search, start: Candidate, *, max_simulations: int = MAX_SIMULATIONS,
+           allow_swaps: bool = True, wide: bool = False) -> RepairResult:
     """Improve ``start`` one simulated change at a time. Without ``allow_swaps`` no change adds a
     swap, so a recompute-only start stays recompute-only: every plan simulated then makes no
-    copy, and the whole trajectory (and its result) is the same on every link. With ``spare``, a
-    round whose proposals all fail polishes (module docstring) at the spare's expense."""
+    copy, and the whole trajectory (and its result) is the same on every link. With ``wide``, a
+    round whose proposals all fail polishes (module docstring), drawing on ``search.wide_left``.
+    The caller decides what ``simulations`` (the proposals tried) are charged to."""
     result = RepairResult(best=start)
     while result.simulations < max_simulations:
         current = result.best
         winner: Candidate | None = None
         winner_why = ""
-        for why, names, action in _propose(workload, hardware, current, budget_bytes, allow_swaps):
+        for why, names, action in _propose(search, current, allow_swaps):
             if result.simulations >= max_simulations:
                 break
             actions = dict(current.plan.actions)
             actions.update({n: action for n in names})
-            plan = build(workload, hardware, actions, current.plan.policy, budget_bytes)
-            cand = evaluate(workload, hardware, plan, budget_bytes, memo)
+            cand = search.try_actions(actions)
             result.simulations += 1
-            if cand.fits and _rank(cand) < _rank(current):
+            if cand.fits and rank(cand) < rank(current):
                 winner, winner_why = cand, f"{why}: {', '.join(names)}"
                 break  # first improvement: re-read the new timeline before proposing more
-        if winner is None and spare is not None and spare.left > 0:
-            winner, winner_why = _polish(workload, hardware, current, budget_bytes, memo, allow_swaps, spare)
+        if winner is None and wide and search.wide_left > 0:
+            winner, winner_why = _polish(search, current, allow_swaps)
         if winner is None:
             break
         result.best = winner
@@ -186,10 +177,10 @@ def _single_changes(facts, actions, allow_swaps: bool):
                 yield names, action
 
 
-def _polish(workload, hardware, current, budget_bytes, memo, allow_swaps: bool, spare: Spare):
+def _polish(search: Search, current: Candidate, allow_swaps: bool):
     """The first change better than ``current`` among all single changes, then all pairs of
-    one-tensor changes; each plan tried costs one spare simulation."""
-    facts = facts_for(workload)
+    one-tensor changes; each plan tried costs one simulation of the wide search's allowance."""
+    facts = search.facts
     actions = current.plan.actions
     singles = list(_single_changes(facts, actions, allow_swaps))
     tensor_moves = [(names[0], action) for names, action in singles if len(names) == 1]
@@ -204,12 +195,11 @@ def _polish(workload, hardware, current, budget_bytes, memo, allow_swaps: bool, 
         if key in tried:
             continue
         tried.add(key)
-        if spare.left <= 0:
+        if search.wide_left <= 0:
             return None, ""
-        plan = build(workload, hardware, changed, current.plan.policy, budget_bytes)
-        cand = evaluate(workload, hardware, plan, budget_bytes, memo)
-        spare.left -= 1
-        if cand.fits and _rank(cand) < _rank(current):
+        cand = search.try_actions(changed)
+        search.wide_left -= 1
+        if cand.fits and rank(cand) < rank(current):
             moves = ", ".join(f"{n} -> {a.value}" for n, a in change.items())
             return cand, f"polish: {moves}"
     return None, ""

@@ -11,12 +11,14 @@ simulator for the plan's real peak and raises ``need`` by the overshoot until it
 from __future__ import annotations
 
 import math
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
-from ..hardware import Hardware
 from ..plans import Action, Plan
 from ..workload import Workload
-from .common import Candidate, Facts, evaluate, facts_for
+from .common import Candidate, Facts, facts_for
+
+if TYPE_CHECKING:
+    from .search import Search
 
 _BUCKETS = 4000  # knapsack resolution: need is split into this many byte units
 
@@ -82,11 +84,11 @@ def knapsack_min_time(facts: Facts, names: Sequence[str], need_bytes: int) -> li
     for (weight, cost), count in bundles:
         w, c = weight * count, cost * count
         row = bytearray(cap + 1)
-        # Descending, so best[b - w] is still the row without this bundle (0-1, not unbounded).
-        for b in range(cap, w, -1):
-            prev = best[b - w] + c
-            if prev < best[b]:
-                best[b] = prev
+        # Both updates read the row without this bundle (0-1, not unbounded): best[b - w] + c
+        # for b > w (from slices taken before any change), the bundle alone for b <= w.
+        for b, shorter, current in zip(range(cap, w, -1), best[cap - w:0:-1], best[cap:w:-1]):
+            if shorter + c < current:
+                best[b] = shorter + c
                 row[b] = 1
         base = best[0] + c  # the bundle alone covers every need up to w
         for b in range(min(w, cap), 0, -1):
@@ -121,17 +123,14 @@ def knapsack_min_time(facts: Facts, names: Sequence[str], need_bytes: int) -> li
 
 
 def fit_need(
-    workload: Workload,
-    hardware: Hardware,
-    budget_bytes: int,
+    search: "Search",
     initial_need_bytes: int,
     make: Callable[[int], Plan | None],
     *,
     allow_memory_stalls: bool = False,
     rounds: int = 10,
-    memo: dict | None = None,
 ) -> Candidate | None:
-    """Size a plan family ``make(need)`` to the budget: the fastest plan found that fits, or None.
+    """Size a plan family ``make(need)`` to the search's budget: the fastest plan found that fits, or None.
 
     A plan "clears" the budget when its peak, simulated without a memory limit, is within
     it (so it never waits for memory). First the need grows by the simulated overshoot
@@ -140,7 +139,8 @@ def fit_need(
     also simulated under the budget and the fastest that completes is returned; with
     ``allow_memory_stalls`` that includes plans that wait for copies to free memory.
     """
-    total = max(1, keep_all_peak_bytes_of(workload))
+    budget_bytes = search.budget_bytes
+    total = max(1, keep_all_peak_bytes_of(search.workload))
     need = max(0, initial_need_bytes)
     best: Candidate | None = None
     high = None  # smallest need known to clear
@@ -156,12 +156,12 @@ def fit_need(
             clears = False
             peak = budget_bytes + total
         else:
-            free = evaluate(workload, hardware, plan, math.inf, memo)
+            free = search.evaluate(plan, unlimited=True)
             peak = free.timeline.peak_memory_bytes
             clears = peak <= budget_bytes
             # A plan whose unlimited peak is within the budget never waits for memory, so its
             # unlimited run is also its run under the budget: no second simulation needed.
-            cand = free if clears else evaluate(workload, hardware, plan, budget_bytes, memo) if allow_memory_stalls else None
+            cand = free if clears else search.evaluate(plan) if allow_memory_stalls else None
             if cand is not None and cand.fits and (best is None or cand.step_time_s < best.step_time_s):
                 best = cand
         seen[need] = clears
@@ -180,8 +180,8 @@ def fit_need(
                     continue
                 # Halfway back the peak is still higher: the knapsack's sets are not nested, and
                 # a whole range of needs can pick larger items that rebuild in longer groups. A
-                # need that clears can lie beyond it (gpt2-xl at 52 % of its peak: 1.9 GiB past
-                # the first need), so leap past the largest need tried, doubling each time.
+                # need that clears can lie beyond it (docs/planners.md, rule 6, has the case), so
+                # leap past the largest need tried, doubling each time.
                 went_back = False
                 need = max(seen) + leap
                 leap *= 2
@@ -217,7 +217,3 @@ def actions_for(swap: Iterable[str] = (), recompute: Iterable[str] = ()) -> dict
     actions.update({n: Action.RECOMPUTE for n in recompute})
     return actions
 
-
-def remaining(facts: Facts, exclude: Mapping[str, Action] | Iterable[str]) -> list[str]:
-    skip = set(exclude)
-    return [n for n in facts.candidates if n not in skip]

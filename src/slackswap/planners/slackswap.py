@@ -1,50 +1,37 @@
 """`slackswap` (default): SlackSwap improved, where the simulator shows a gain.
 
-Rules (docs/planners.md explains each with its reason):
+The rules, numbered in the order they run (docs/planners.md gives each one's reason and
+what it was measured to change); each is one function below, and ``plan_slackswap`` reads as
+the list:
 
-1. Per-tensor slack windows. A tensor may leave only after it is made and must be back
-   before its first backward use. Instead of one global slack figure, every candidate
-   swap is checked against the copy streams as they are already booked
-   (copies.round_trip_fits): FIFO copies out in production order, copies back
-   earliest-use first, each after its own copy out.
-2. Latency- and duplex-aware copies: each copy pays the per-copy latency, and copies back
-   that overlap copies out run at the duplex-slowed rate.
-3. Swap the tensors most expensive to rebuild per byte, as the paper does, while they fit
-   their windows; then choose the recompute set that takes the remaining bytes off for
-   the least rebuild time (a knapsack, not a greedy order).
-4. Size the plan to the budget with the simulator (selection.fit_need), accepting short
-   waits for memory when they are cheaper than more recompute. When even a family's far end
-   (all its swaps, everything else recomputed) does not fit, size it again with a shorter
-   prefix of its swaps (fit_fewer_swaps): copies back hold memory that rebuilds do not.
-5. Repair with the simulator (repair.py): turn a swap whose copy stalls into a
-   recompute, a recompute into a swap where the link has room, and a recompute or swap
-   into a keep where memory has room, one change at a time, keeping a change only if the
-   simulated step gets faster (or stays as fast with less recompute), until no single change
-   tried is better.
-6. Link-free floor: the recompute-only family, sized and repaired without adding swaps, is the
-   first start candidate; when no knapsack set fits, a peak descent from recomputing everything
-   (keep one op at a time while the peak drops) gives it. It makes no copy, so it is the same plan
-   on every link, and the result is never slower than it (docs/planners.md: what this guarantees
-   about more bandwidth, and what it does not).
-7. Wider search when it is cheap: a planning call may spend WIDE_SEARCH_OP_SIMULATIONS op-simulations
-   (simulations times ops) beyond rules 4-6: (a) when every recompute-only plan fits in half of
-   it, all are tried and the fastest that fits is the floor (best_recompute_only); (b) a repair
-   round whose proposals all fail goes on to a polish (every single change, then every pair of
-   one-tensor changes: repair.py); (c) the other start candidates (the other families, the
-   floor, everything swapped) are repaired too, best first. On a workload of a few ops that is
-   hundreds of simulations. When the allowance cannot pay for one pass over every single change
-   (3 per candidate tensor), rule 7 is off: on the built-in models (250-500 ops, 370-730
-   candidates) it allows 8-16 simulations, so their plans and planning time are unchanged.
-8. A second trajectory when rule 7 is off and the best start's repair was cut off by its cap
-   (still improving): the runner-up start is repaired too and the faster result wins. On
-   llama-7b at 20 % of its peak the best start's repair ran out at 2014.4 ms, below
-   `slackswap-paper` (2013.6 ms); the runner-up's ends at 2007.7 ms. Continuing the first repair
-   to 128 simulations reaches only 2014.4 ms. Gated on the cap so that plans whose repair ends
-   in a local optimum (llama-7b at 50 %, 0.76 s) pay nothing.
-9. Exact where it is cheap: with at most EXACT_MAX_CANDIDATES candidate tensors, a branch and bound
-   over every keep / swap / recompute assignment (exact.py), started from rules 1-8's plan, within
-   EXACT_MAX_SIMULATIONS. When it finishes (plan info ``exact_search: complete``) no assignment
-   simulates faster; the built-in models (370-730 candidates) never qualify.
+1. ``link_free_floor``: the recompute-only family, sized by simulation and repaired without
+   ever adding a swap (or, when no knapsack set fits, a peak descent from recomputing
+   everything). It copies nothing, so it is the same plan on every link; it is the first start.
+2. ``every_recompute_only_plan``: when the wide search is granted and every recompute-only plan
+   fits in half of its allowance, all are tried and the fastest that fits is the floor.
+3. ``windowed_swaps``, per-tensor slack windows: a tensor may leave only after it is made and
+   must be back before its first backward use, checked against the copy streams as already
+   booked (copies.WindowBooking).
+4. Latency- and duplex-aware copies (inside rule 3's check): each copy pays the per-copy latency,
+   and copies back that overlap copies out run at the duplex-slowed rate.
+5. ``swap_orders``: three orders for the link (value, value+spill, early); in each family the
+   bytes still needed after the swaps are recomputed by the knapsack.
+6. ``sized_starts``: each family sized to the budget with the simulator (selection.fit_need),
+   accepting short waits for memory; a family whose far end does not fit is sized again with
+   shorter prefixes of its swaps (``fit_fewer_swaps``); everything swapped is the start of last
+   resort (and one more start for the wide search).
+7. ``repair`` (repair.py) of the best start: single changes where the simulated timeline
+   points, kept when the step gets faster (or as fast with less work); with the wide search, a
+   polish over every single change and pair of one-tensor changes.
+8. ``repair_other_starts``: with the wide search, the other starts are repaired too, best first.
+9. ``repair_runner_up``: without the wide search, when the best start's repair was cut off
+   still improving, the runner-up start is repaired too.
+10. ``exact_where_cheap``: with at most EXACT_MAX_CANDIDATES candidates, a branch and bound over
+    every assignment (exact.py), started from rules 1-9's plan.
+
+The wide search (rules 2, 7's polish and 8) is granted WIDE_SEARCH_OP_SIMULATIONS
+op-simulations (simulations times ops) when they pay for one pass over every single change
+(3 per candidate tensor); otherwise it is off.
 """
 
 from __future__ import annotations
@@ -54,21 +41,23 @@ import math
 from ..hardware import Hardware
 from ..plans import Plan
 from ..workload import Workload
-from .common import build, evaluate, facts_for, natural_peak_bytes, policy_cannot_fit, with_info
+from .common import Candidate, Facts, natural_peak_bytes, policy_cannot_fit, with_info
 from .copies import WindowBooking
 from .exact import EXACT_MAX_CANDIDATES, branch_and_bound
-from .repair import MAX_SIMULATIONS, Spare, _rank, repair
+from .repair import MAX_SIMULATIONS, RepairResult, rank, repair
+from .search import Search
 from .selection import actions_for, fit_need, keep_all_peak_bytes, knapsack_min_time, op_items
 
 POLICY = "slackswap"
-# Rule 7's allowance. A simulation's cost grows with the op count, so this buys hundreds of
-# simulations (tens of milliseconds) for a few-op workload; it is measured against a brute-force
-# search in tests/test_brute_force.py.
+# The wide search's allowance. A simulation's cost grows with the op count, so this buys hundreds
+# of simulations for a few-op workload and none for the built-in models; it is measured against a
+# brute-force search in tests/test_brute_force.py.
 WIDE_SEARCH_OP_SIMULATIONS = 4000
+SIZING_ROUNDS = 14
 
 
-def windowed_swaps(facts, hardware: Hardware, ranked: list[str], *, spill: bool = False) -> list[str]:
-    """Rules 1-3: tensors in ``ranked`` order whose copies fit their windows, in the order they
+def windowed_swaps(facts: Facts, hardware: Hardware, ranked: list[str], *, spill: bool = False) -> list[str]:
+    """Rules 3-4: tensors in ``ranked`` order whose copies fit their windows, in the order they
     were accepted. A plan that needs fewer bytes off takes a prefix of this list (the greedy
     would have stopped there), so it is computed once per plan.
 
@@ -89,8 +78,8 @@ def windowed_swaps(facts, hardware: Hardware, ranked: list[str], *, spill: bool 
     return swapped
 
 
-def swap_orders(facts) -> dict[str, list[str]]:
-    """Rule 3's two orders of candidates for the link.
+def swap_orders(facts: Facts) -> dict[str, list[str]]:
+    """Rule 5's two orders of candidates for the link.
 
     ``value``: costliest to rebuild per byte first (the paper's ranking: each byte the link
     carries saves the most recompute). ``early``: in production order, since a tensor made
@@ -102,20 +91,49 @@ def swap_orders(facts) -> dict[str, list[str]]:
     return {"value": value, "early": list(facts.candidates)}
 
 
-def recompute_peak_descent(workload: Workload, hardware: Hardware, budget_bytes: int, memo: dict,
-                           *, max_simulations: int = 64):
-    """Rule 6's second way to a link-free start, for when no knapsack set fits: from recomputing
+def family(search: Search, accepted: list[str]):
+    """Rule 5's plan family of one swap order: ``make(need)`` swaps the shortest prefix of
+    ``accepted`` that takes ``need`` bytes off (all of it if none does) and recomputes the
+    least-rebuild-time set of the rest for the bytes still needed."""
+    facts = search.facts
+
+    def make(need: int) -> Plan:
+        swapped: list[str] = []
+        off = 0
+        for name in accepted:
+            if off >= need:
+                break
+            swapped.append(name)
+            off += facts.size[name]
+        taken = set(swapped)
+        rest = [n for n in facts.candidates if n not in taken]
+        recompute = knapsack_min_time(facts, rest, need - off)
+        if recompute is None:  # not enough bytes left: recompute all of them
+            recompute = rest
+        return search.plan(actions_for(swapped, recompute))
+    return make
+
+
+def initial_need_bytes(search: Search) -> int:
+    return keep_all_peak_bytes(search.facts) - search.budget_bytes
+
+
+def size(search: Search, make) -> Candidate | None:
+    """Rule 6's sizing of one family, waits for memory allowed."""
+    return fit_need(search, initial_need_bytes(search), make, allow_memory_stalls=True, rounds=SIZING_ROUNDS)
+
+
+def recompute_peak_descent(search: Search, *, max_simulations: int = 64) -> Candidate | None:
+    """Rule 1's second way to a link-free start, for when no knapsack set fits: from recomputing
     everything, keep one producer's tensors at a time, each round the keep that lowers the
     unlimited simulated peak most (then the fastest), until the peak is within the budget.
 
     Rebuilding in backward holds a whole recompute group, so recomputing more can raise the peak
     (a large tensor re-created next to others); the sets the knapsack grows into then never fit,
     while keeping such a tensor does. No plan here copies anything: the same on every link."""
-    facts = facts_for(workload)
+    facts, budget_bytes = search.facts, search.budget_bytes
     recomputed = list(facts.candidates)
-    current = evaluate(workload, hardware,
-                       build(workload, hardware, actions_for(recompute=recomputed), POLICY, budget_bytes),
-                       math.inf, memo)
+    current = search.try_actions(actions_for(recompute=recomputed), unlimited=True)
     simulations = 1
     while current.timeline.peak_memory_bytes > budget_bytes and simulations < max_simulations:
         best = None
@@ -124,9 +142,7 @@ def recompute_peak_descent(workload: Workload, hardware: Hardware, budget_bytes:
                 break
             kept = set(item)
             rest = [n for n in recomputed if n not in kept]
-            cand = evaluate(workload, hardware,
-                            build(workload, hardware, actions_for(recompute=rest), POLICY, budget_bytes),
-                            math.inf, memo)
+            cand = search.try_actions(actions_for(recompute=rest), unlimited=True)
             simulations += 1
             key = (cand.timeline.peak_memory_bytes, cand.step_time_s)
             if key[0] < current.timeline.peak_memory_bytes and (best is None or key < best[0]):
@@ -139,40 +155,71 @@ def recompute_peak_descent(workload: Workload, hardware: Hardware, budget_bytes:
     return current  # its unlimited run never exceeds the budget, so it is also its run under it
 
 
-def best_recompute_only(workload: Workload, hardware: Hardware, budget_bytes: int, memo: dict):
-    """Rule 7 (a): the fastest plan that only keeps or recomputes, by trying every such plan.
+def link_free_floor(search: Search) -> Candidate | None:
+    """Rule 1: the recompute-only family sized (or the peak descent), then repaired without ever
+    adding a swap. No plan on this path copies anything, so the path and its result are the same
+    on every link; as the first start it bounds the result on any link (docs/planners.md)."""
+    floor = size(search, family(search, []))
+    if floor is None:
+        floor = recompute_peak_descent(search)
+    if floor is None:
+        return None
+    fixed = repair(search, floor, allow_swaps=False)
+    search.targeted_simulations += fixed.simulations
+    return fixed.best
+
+
+def grant_wide_search(search: Search) -> None:
+    """The wide search's allowance: WIDE_SEARCH_OP_SIMULATIONS op-simulations, or none when they
+    cannot pay for one pass over every single change (3 per candidate tensor): rules 2, 7's
+    polish and 8 would then only add arbitrary probes."""
+    allowance = WIDE_SEARCH_OP_SIMULATIONS // max(1, len(search.workload.ops))
+    if allowance < 3 * len(search.facts.candidates):
+        allowance = 0
+    search.wide_allowance = search.wide_left = allowance
+
+
+def best_recompute_only(search: Search) -> Candidate | None:
+    """The fastest plan that only keeps or recomputes, by trying every such plan.
 
     Without copies nothing frees memory while compute waits, so such a plan fits exactly when
     its unlimited peak is within the budget, and then runs in its unlimited time: the answer is
     the same on every link and can only get faster as the budget grows."""
-    facts = facts_for(workload)
+    facts = search.facts
     best = None
     for mask in range(2 ** len(facts.candidates)):
         recompute = [n for i, n in enumerate(facts.candidates) if mask >> i & 1]
-        plan = build(workload, hardware, actions_for(recompute=recompute), POLICY, budget_bytes)
-        cand = evaluate(workload, hardware, plan, math.inf, memo)
-        fits = cand.fits and cand.timeline.peak_memory_bytes <= budget_bytes
-        if fits and (best is None or _rank(cand) < _rank(best)):
+        cand = search.try_actions(actions_for(recompute=recompute), unlimited=True)
+        fits = cand.fits and cand.timeline.peak_memory_bytes <= search.budget_bytes
+        if fits and (best is None or rank(cand) < rank(best)):
             best = cand
     return best
 
 
-def fit_fewer_swaps(workload: Workload, hardware: Hardware, budget_bytes: int, initial_need: int,
-                    accepted: list[str], family, memo: dict, *, tries: int = 8):
-    """Rule 4's fallback when a family cannot be sized: its far end (every accepted swap,
+def every_recompute_only_plan(search: Search, floor: Candidate | None) -> Candidate | None:
+    """Rule 2: with few enough candidates (2^n within half the wide search's allowance), the
+    fastest recompute-only plan replaces the floor if it is better."""
+    count = 2 ** len(search.facts.candidates)
+    if count > search.wide_left // 2:
+        return floor
+    exact = best_recompute_only(search)
+    search.wide_left -= count
+    if exact is not None and (floor is None or rank(exact) < rank(floor)):
+        return exact
+    return floor
+
+
+def fit_fewer_swaps(search: Search, accepted: list[str], make_family, *, tries: int = 8) -> list[Candidate]:
+    """Rule 6's fallback when a family cannot be sized: its far end (every accepted swap,
     everything else recomputed) may not fit, because copies back hold memory in backward that
     rebuilding would not. Bisect for the longest prefix of the accepted list whose far end fits
     (taking fewer swaps lowers that memory), and size it and the first prefix of 7/8, 6/8, ...
     of the list whose far end fits (it leaves the knapsack more room): both are start
-    candidates. Without it a faster link, accepting more swaps, could lose every family that a
-    slower link fits (bert-large at 20 % of its peak, 2x PCIe 4.0: 284 ms from everything
-    swapped, where 1.5x gives 136 ms); the 1/8 steps alone lost most of the family on a link
-    10 % faster (llama-7b at 20 %: 264 swaps fit at x1, 272 at x1.1 do not, and 238 gave
-    2098 ms against 2025 ms)."""
-    everything = keep_all_peak_bytes(facts_for(workload))  # a need no family can meet: its far end
+    candidates (docs/planners.md, rule 6, has the cases that needed both)."""
+    everything = keep_all_peak_bytes(search.facts)  # a need no family can meet: its far end
 
     def far_end_fits(length: int) -> bool:
-        return evaluate(workload, hardware, family(accepted[:length])(everything), budget_bytes, memo).fits
+        return search.evaluate(make_family(accepted[:length])(everything)).fits
 
     # The far end of a short prefix need not fit either (recomputing nearly everything rebuilds
     # long groups), so search down from the full list: 7/8 of it, 6/8, ... until one fits, then
@@ -198,71 +245,39 @@ def fit_fewer_swaps(workload: Workload, hardware: Hardware, budget_bytes: int, i
             high = mid
     sized = []
     for length in dict.fromkeys((low, first)):
-        found = fit_need(workload, hardware, budget_bytes, initial_need, family(accepted[:length]),
-                         allow_memory_stalls=True, rounds=14, memo=memo)
+        found = fit_need(search, initial_need_bytes(search), make_family(accepted[:length]),
+                         allow_memory_stalls=True, rounds=SIZING_ROUNDS)
         if found is not None:
             sized.append(found)
     return sized
 
 
-def plan_slackswap(workload: Workload, hardware: Hardware, budget_bytes: int) -> Plan:
-    facts = facts_for(workload)
+def everything_swapped(search: Search) -> Candidate:
+    """The lowest-memory plan: every candidate swapped (copied back just in time when the
+    link-timed schedule does not fit); it fits every budget down to the minimum."""
+    swap_all = search.try_actions(actions_for(swap=search.facts.candidates))
+    if not swap_all.fits:
+        from .minimum import lowest_memory_plan
 
-    def family(accepted: list[str]):
-        def make(need: int) -> Plan:
-            swapped: list[str] = []
-            off = 0
-            for name in accepted:
-                if off >= need:
-                    break
-                swapped.append(name)
-                off += facts.size[name]
-            taken = set(swapped)
-            rest = [n for n in facts.candidates if n not in taken]
-            recompute = knapsack_min_time(facts, rest, need - off)
-            if recompute is None:  # not enough bytes left: recompute all of them
-                recompute = rest
-            return build(workload, hardware, actions_for(swapped, recompute), POLICY, budget_bytes)
-        return make
+        low = lowest_memory_plan(search.workload, search.budget_bytes)
+        swap_all = search.evaluate(search.plan(low.actions, prefetch_step=low.prefetch_step))
+    return swap_all
 
+
+def sized_starts(search: Search, floor: Candidate | None) -> list[tuple[Candidate, str]]:
+    """Rules 3-6: the start candidates, the best first, each with its label: the floor, each swap
+    order's family sized (or its shorter prefixes), and everything swapped when nothing else fits
+    or the wide search wants one more start. Raises BudgetError when not even that fits."""
+    facts = search.facts
+    start: Candidate | None = floor
+    start_order = "recompute" if floor is not None else ""
+    others: list[tuple[Candidate, str]] = []
     orders = swap_orders(facts)
-    families = (("value", orders["value"], False), ("value+spill", orders["value"], True),
-                ("early", orders["early"], False))
-    memo: dict = {}
-    initial_need = keep_all_peak_bytes(facts) - budget_bytes
-    start = None
-    start_order = ""
-    # Rule 6, the link-free floor: the recompute-only family, sized and then repaired without ever
-    # adding a swap. No plan on this path copies anything, so the path and its result are the same
-    # on every link; as a start candidate it bounds the result on any link (docs/planners.md).
-    floor = fit_need(workload, hardware, budget_bytes, initial_need, family([]),
-                     allow_memory_stalls=True, rounds=14, memo=memo)
-    if floor is None:
-        floor = recompute_peak_descent(workload, hardware, budget_bytes, memo)
-    floor_simulations = 0
-    if floor is not None:
-        floor_repair = repair(workload, hardware, floor, budget_bytes, memo=memo, allow_swaps=False)
-        floor, floor_simulations = floor_repair.best, floor_repair.simulations
-    spare = Spare(WIDE_SEARCH_OP_SIMULATIONS // max(1, len(workload.ops)))
-    if spare.left < 3 * len(facts.candidates):
-        # Too few to try every single change once: rule 7 would only add arbitrary probes.
-        spare.left = 0
-    allowance = spare.left
-    if 2 ** len(facts.candidates) <= spare.left // 2:
-        # Rule 7 (a): few enough candidates to try every recompute-only plan.
-        exact = best_recompute_only(workload, hardware, budget_bytes, memo)
-        spare.left -= 2 ** len(facts.candidates)
-        if exact is not None and (floor is None or _rank(exact) < _rank(floor)):
-            floor = exact
-    if floor is not None:
-        start, start_order = floor, "recompute"
-    others = []
-    for label, ranked, spill in families:
-        accepted = windowed_swaps(facts, hardware, ranked, spill=spill)
-        found = fit_need(workload, hardware, budget_bytes, initial_need, family(accepted),
-                         allow_memory_stalls=True, rounds=14, memo=memo)
-        sized = [found] if found is not None else \
-            fit_fewer_swaps(workload, hardware, budget_bytes, initial_need, accepted, family, memo)
+    for label, ranked, spill in (("value", orders["value"], False), ("value+spill", orders["value"], True),
+                                 ("early", orders["early"], False)):
+        accepted = windowed_swaps(facts, search.hardware, ranked, spill=spill)
+        found = size(search, family(search, accepted))
+        sized = [found] if found is not None else fit_fewer_swaps(search, accepted, lambda a: family(search, a))
         for found in sized:
             if start is None or found.step_time_s < start.step_time_s:
                 if start is not None:
@@ -270,67 +285,81 @@ def plan_slackswap(workload: Workload, hardware: Hardware, budget_bytes: int) ->
                 start, start_order = found, label
             else:
                 others.append((found, label))
-    swap_all = None
-    if start is None or spare.left > 0:
-        # The lowest-memory plan (everything swapped) fits every budget down to the minimum: the
-        # start when not even the recompute-everything end of a family fits (the repair turns
-        # stalling swaps into recomputes), otherwise one more start for rule 7.
-        plan = build(workload, hardware, actions_for(swap=facts.candidates), POLICY, budget_bytes)
-        swap_all = evaluate(workload, hardware, plan, budget_bytes, memo)
-        if not swap_all.fits:
-            from .minimum import lowest_memory_plan
-
-            low = lowest_memory_plan(workload, budget_bytes)
-            plan = build(workload, hardware, low.actions, POLICY, budget_bytes, prefetch_step=low.prefetch_step)
-            swap_all = evaluate(workload, hardware, plan, budget_bytes, memo)
+    if start is None or search.wide_left > 0:
+        swap_all = everything_swapped(search)
         if start is None:
             if not swap_all.fits:
-                raise policy_cannot_fit(POLICY, budget_bytes, natural_peak_bytes(workload, hardware, plan),
+                raise policy_cannot_fit(POLICY, search.budget_bytes,
+                                        natural_peak_bytes(search.workload, search.hardware, swap_all.plan),
                                         "raise the budget")
-            start, start_order, swap_all = swap_all, "", None
-    if swap_all is not None and swap_all.fits:
-        others.append((swap_all, "all-swap"))
-    result = repair(workload, hardware, start, budget_bytes, memo=memo, spare=spare)
-    repair_simulations = floor_simulations + result.simulations
-    # Rule 7 (c): the other starts, best first, while the spare lasts. Two families can size to
-    # the same plan (a shorter swap prefix of both); the repeat and copies of the start are
-    # dropped, so that rule 8's runner-up is another plan.
-    others.sort(key=lambda item: _rank(item[0]))
+            start, start_order = swap_all, ""
+        elif swap_all.fits:
+            others.append((swap_all, "all-swap"))
+    # Two families can size to the same plan (a shorter swap prefix of both); the repeat and
+    # copies of the start are dropped, so that rule 9's runner-up is another plan.
+    others.sort(key=lambda item: rank(item[0]))
     distinct = {tuple(start.plan.actions.items())}
-    unique = []
+    starts = [(start, start_order)]
     for other, label in others:
         key = tuple(other.plan.actions.items())
         if key not in distinct:
             distinct.add(key)
-            unique.append((other, label))
-    others = unique
-    for other, label in others:
-        if spare.left <= 0:
+            starts.append((other, label))
+    return starts
+
+
+def repair_other_starts(search: Search, starts, result: RepairResult, label: str) -> tuple[RepairResult, str]:
+    """Rule 8: with the wide search, the other starts, best first, are repaired while the
+    allowance lasts; the best result wins."""
+    for other, other_label in starts[1:]:
+        if search.wide_left <= 0:
             break
-        found = repair(workload, hardware, other, budget_bytes, memo=memo, spare=spare,
-                       max_simulations=spare.left)
-        spare.left -= found.simulations
-        if _rank(found.best) < _rank(result.best):
-            result, start_order = found, label
-    if allowance == 0 and others and result.simulations >= MAX_SIMULATIONS:
-        # Rule 8: the best start's repair was cut off still improving; the runner-up start gets
-        # a repair of its own, and the faster result wins.
-        other, label = others[0]
-        found = repair(workload, hardware, other, budget_bytes, memo=memo)
-        repair_simulations += found.simulations
-        if _rank(found.best) < _rank(result.best):
-            result, start_order = found, label
-    simulations = repair_simulations + allowance - spare.left
-    best, moves, exact_search = result.best, result.moves, None
-    if len(facts.candidates) <= EXACT_MAX_CANDIDATES:
-        # Rule 9: few enough candidates for an exact search, started from what rules 1-8 found.
-        exact = branch_and_bound(workload, hardware, budget_bytes, best, memo, policy=POLICY)
-        simulations += exact.simulations
-        exact_search = "complete" if exact.complete else "cut off"
-        if exact.best is not best:
-            best, moves, start_order = exact.best, 0, "exact"
+        found = repair(search, other, wide=True, max_simulations=search.wide_left)
+        search.wide_left -= found.simulations
+        if rank(found.best) < rank(result.best):
+            result, label = found, other_label
+    return result, label
+
+
+def repair_runner_up(search: Search, starts, result: RepairResult, label: str) -> tuple[RepairResult, str]:
+    """Rule 9: without the wide search, when the best start's repair was cut off by its cap
+    (still improving), the runner-up start gets a repair of its own and the faster result wins.
+    Gated on the cap, so a repair that ends in a local optimum costs nothing more."""
+    if search.wide_allowance == 0 and len(starts) > 1 and result.simulations >= MAX_SIMULATIONS:
+        other, other_label = starts[1]
+        found = repair(search, other)
+        search.targeted_simulations += found.simulations
+        if rank(found.best) < rank(result.best):
+            result, label = found, other_label
+    return result, label
+
+
+def exact_where_cheap(search: Search, best: Candidate) -> tuple[Candidate, str | None]:
+    """Rule 10: with at most EXACT_MAX_CANDIDATES candidates, a branch and bound over every
+    assignment, started from ``best``; returns its plan and whether the search completed."""
+    if len(search.facts.candidates) > EXACT_MAX_CANDIDATES:
+        return best, None
+    exact = branch_and_bound(search, best)
+    search.targeted_simulations += exact.simulations
+    return exact.best, "complete" if exact.complete else "cut off"
+
+
+def plan_slackswap(workload: Workload, hardware: Hardware, budget_bytes: int) -> Plan:
+    search = Search(workload, hardware, budget_bytes, POLICY)
+    floor = link_free_floor(search)                                   # rule 1
+    grant_wide_search(search)
+    floor = every_recompute_only_plan(search, floor)                  # rule 2
+    starts = sized_starts(search, floor)                              # rules 3-6
+    result = repair(search, starts[0][0], wide=True)                  # rule 7
+    search.targeted_simulations += result.simulations
+    label = starts[0][1]
+    result, label = repair_other_starts(search, starts, result, label)  # rule 8
+    result, label = repair_runner_up(search, starts, result, label)   # rule 9
+    best, exact_search = exact_where_cheap(search, result.best)       # rule 10
+    moves = result.moves
+    if best is not result.best:
+        moves, label = 0, "exact"
     info = {"exact_search": exact_search} if exact_search is not None else {}
     return with_info(best.plan, rule="windowed swaps + knapsack recompute + simulator repair",
-                     start_order=start_order,
-                     repair_moves=moves, simulations=simulations,
+                     start_order=label, repair_moves=moves, simulations=search.simulations,
                      predicted_step_time_s=best.step_time_s, **info)

@@ -15,6 +15,7 @@ from ..hardware import Hardware
 from ..plans import Plan
 from ..workload import Workload
 from .common import build, facts_for, natural_peak_bytes, policy_cannot_fit
+from .search import Search
 from .selection import actions_for, cheapest_per_byte, fit_need, keep_all_peak_bytes
 
 
@@ -43,8 +44,8 @@ def plan_slackswap_paper(workload: Workload, hardware: Hardware, budget_bytes: i
                      info={"rule": "swap the costliest to rebuild within the global slack, recompute the cheapest",
                            "slack_s": slack_s, "need_bytes": need})
 
-    best = fit_need(workload, hardware, budget_bytes, keep_all_peak_bytes(facts) - budget_bytes, make,
-                    allow_memory_stalls=True)
+    search = Search(workload, hardware, budget_bytes, "slackswap-paper")
+    best = fit_need(search, keep_all_peak_bytes(facts) - budget_bytes, make, allow_memory_stalls=True)
     if best is None:
         plan = make(keep_all_peak_bytes(facts))
         raise policy_cannot_fit("slackswap-paper", budget_bytes, natural_peak_bytes(workload, hardware, plan),
