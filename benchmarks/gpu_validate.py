@@ -141,17 +141,6 @@ def failure(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300]
 
 
-def predicted_from(timeline) -> dict:
-    """The simulator's figures for a row; allocated/reserved peaks only where the simulator makes them."""
-    summary = timeline.summary()
-    return {"step_time_s": timeline.step_time_s,
-            "activation_peak_bytes": summary.get("activation_peak_bytes", timeline.peak_memory_bytes),
-            "allocated_peak_bytes": summary.get("allocated_peak_bytes"),
-            "reserved_peak_bytes": summary.get("reserved_peak_bytes"),
-            "d2h_bytes": timeline.d2h_bytes, "h2d_bytes": timeline.h2d_bytes,
-            "recompute_time_s": timeline.recompute_time_s, "stall_time_s": timeline.stall_time_s}
-
-
 def micro_batch_for(step_peak_per_sequence_bytes: int, free_bytes: int) -> int:
     """Largest power of two up to MAX_MICRO_BATCH whose plain step peak fits MEMORY_SHARE of the
     free device memory (at least 1)."""
@@ -214,6 +203,7 @@ def validate(run: Run, args, cfg: Settings, device, torch) -> None:
     from gpu_validation.compiled import Unavailable, compiled_method
     from gpu_validation.compute import measure_compute, measured_hardware
     from gpu_validation.link import measure_link
+    from gpu_validation.prediction import ideal_plan, predict
     from gpu_validation.report import results_paths
     from gpu_validation.training import Method, Trainer, peer_methods, runtime_method
     from slackswap.examples import ExampleConfig, loss_fn, make_batch, make_example
@@ -283,7 +273,8 @@ def validate(run: Run, args, cfg: Settings, device, torch) -> None:
                     "saved_bytes": workload.saved_bytes, "profile_time_s": time.perf_counter() - t0,
                     "simulated_ideal_step_time_s": ideal.step_time_s,
                     "simulated_ideal_peak_bytes": ideal.peak_memory_bytes}
-    plain_row["predicted"] = predicted_from(ideal)
+    params = r["model"]["parameters"]
+    plain_row["predicted"] = predict(workload, hardware, ideal_plan(workload), params)
     log(f"profile: {len(workload.ops)} ops in {format_seconds(r['profile']['profile_time_s'])}; simulated ideal "
         f"step {format_seconds(ideal.step_time_s)}, peak {format_bytes(ideal.peak_memory_bytes)}")
     run.save()
@@ -295,12 +286,12 @@ def validate(run: Run, args, cfg: Settings, device, torch) -> None:
             t0 = time.perf_counter()
             try:
                 plan = slackswap.plan(workload, hardware, budget=budget, policy=policy)
-                timeline = slackswap.simulate(workload, hardware, plan)
+                predicted = predict(workload, hardware, plan, params)
             except Exception as exc:  # one policy failing must not hide the others
                 plans.append((base, None, {"status": "failed", "note": f"planning: {failure(exc)}"}))
                 continue
             plans.append((base, plan, {"planning_time_s": time.perf_counter() - t0, "budget_bytes": plan.budget_bytes,
-                                       "predicted": predicted_from(timeline)}))
+                                       "predicted": predicted}))
 
     def estimate_s() -> float:  # a configuration's steps at up to 4x plain's step time, plus setup
         return 4 * step_s * (cfg.warmup + cfg.steps + 1) + 5
@@ -345,6 +336,8 @@ def validate(run: Run, args, cfg: Settings, device, torch) -> None:
             run.save()
         plan_rows("compiled", lambda plan, row: compiled_method(row["name"], model, batch, loss_fn, plan, workload,
                                                                 hardware), setup_s=COMPILE_ALLOWANCE_S)
+    r["notes"] += sorted({x["predicted"]["memory_note"] for x in r["rows"] if (x.get("predicted") or {}).get(
+        "memory_note")})
     seen = sorted({f"{w.category.__name__}: {str(w.message).splitlines()[0]}" for w in caught})
     r["notes"] += [f"warning during the steps: {w}" for w in seen[:20]]
     r["notes"] += [

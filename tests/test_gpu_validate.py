@@ -69,6 +69,11 @@ def test_every_configuration_has_its_row(dry_run):
     for r in planned:
         # A plan that exists runs; the only other outcome is a budget the policy cannot reach.
         assert r["status"] == "ok" or (r["note"].startswith("planning: BudgetError") and "predicted" not in r), r
+    for r in results["rows"]:
+        p = r.get("predicted")
+        if p is not None:  # an allocated/reserved prediction, or the reason there is none, on the page
+            assert (p["allocated_peak_bytes"] is not None) == (p["reserved_peak_bytes"] is not None)
+            assert p["allocated_peak_bytes"] is not None or p["memory_note"] in results["notes"]
     compiled = [r for r in results["rows"] if r["method"] == "compiled" and "predicted" in r]
     if not hasattr(slackswap, "compile"):
         assert all(r["status"] == "skipped" and "slackswap.compile" in r["note"] for r in compiled)

@@ -94,9 +94,11 @@ def deterministic_algorithms():
 
 
 def compare(reference: Gradients, current: Gradients) -> tuple[float, bool]:
-    """(max abs difference over every gradient element, bit-identical)."""
+    """(max abs difference over every gradient element, bit-identical). The reference may live on
+    the host: each tensor is brought to the current one's device for the comparison."""
     worst, same = 0.0, True
     for a, b in zip(reference.tensors, current.tensors, strict=True):
+        a = a.to(b.device)
         same = same and torch.equal(a, b)
         worst = max(worst, (a.float() - b.float()).abs().max().item() if a.numel() else 0.0)
     return worst, same
@@ -146,7 +148,9 @@ class Trainer:
         with deterministic_algorithms():
             det = self.gradients(self.step(method).loss)
         if is_reference:
-            self.reference, self.reference_deterministic = current, det
+            # Kept on the host, so later configurations' device memory figures do not include them.
+            self.reference, self.reference_deterministic = (
+                Gradients([t.cpu() for t in g.tensors], g.loss) for g in (current, det))
         if self.reference is not None:
             result.grad_max_abs_diff, _ = compare(self.reference, current)
             result.loss_abs_diff = abs(current.loss - self.reference.loss)
