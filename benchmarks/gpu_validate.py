@@ -58,6 +58,7 @@ class Settings:
     compute_iters: int
     hbm_size_bytes: int
     profile_repeats: int
+    compiled_budgets: tuple[float, ...] | None  # None: every budget
 
 
 def settings_for(args) -> Settings:
@@ -66,10 +67,10 @@ def settings_for(args) -> Settings:
     if args.dry_run:
         return Settings(TINY, args.micro_batch or 2, warmup=1, steps=args.steps or 1,
                         link_sizes_bytes=DRY_SIZES_BYTES, link_repeats=3, compute_iters=2,
-                        hbm_size_bytes=4 * 2**20, profile_repeats=1)
+                        hbm_size_bytes=4 * 2**20, profile_repeats=1, compiled_budgets=(0.5,))
     return Settings(GPT2_MEDIUM, args.micro_batch, warmup=2, steps=args.steps or 10,
                     link_sizes_bytes=FULL_SIZES_BYTES, link_repeats=5, compute_iters=10,
-                    hbm_size_bytes=2**30, profile_repeats=3)
+                    hbm_size_bytes=2**30, profile_repeats=3, compiled_budgets=None)
 
 
 def parse_args(argv):
@@ -86,9 +87,13 @@ def parse_args(argv):
     p.add_argument("--time-limit-s", type=float, default=360.0,
                    help="a configuration that would end past this many seconds after the start is skipped, "
                         "with a note (default 360 s: the run then ends within about 7 minutes)")
+    p.add_argument("--compile-backend", default=None,
+                   help="torch.compile backend of the compiled path (default inductor; aot_eager in a dry run)")
     args = p.parse_args(argv)
     args.device = args.device or ("cpu" if args.dry_run else "cuda")
     args.dry_run = args.dry_run or args.device == "cpu"  # the full model on CPU would take hours
+    # inductor on CPU needs a C++ toolchain and minutes per compile; aot_eager runs the same planning
+    args.compile_backend = args.compile_backend or ("aot_eager" if args.dry_run else "inductor")
     args.policies = tuple(x for x in args.policies.split(",") if x)
     try:
         args.budgets = tuple(float(x) for x in args.budgets.split(",") if x)
@@ -139,6 +144,35 @@ def log(text: str) -> None:
 
 def failure(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300]
+
+
+def by_priority(budgets, policies) -> list[tuple[float, str]]:
+    """Every (budget, policy), budgets nearest 0.5 first (the middle of the range is the one to keep
+    when the time limit cuts the run short), policies in the order given."""
+    return sorted(((b, p) for b in budgets for p in policies), key=lambda bp: abs(bp[0] - 0.5))
+
+
+def compiled_rows(run: Run, args, cfg: Settings, timed, make) -> None:
+    """The plans under slackswap.compile (each compiles the model again, so the time limit may leave
+    only the first ones); ``make(budget, policy)`` compiles and returns (Method, prediction)."""
+    from slackswap.units import format_seconds
+
+    for budget, policy in by_priority(args.budgets, args.policies):
+        row = run.add_row({"name": f"{policy} @ {budget:g} (compiled)", "group": "plan", "method": "compiled",
+                           "status": "pending", "policy": policy, "budget_fraction": budget})
+        if cfg.compiled_budgets is not None and budget not in cfg.compiled_budgets:
+            row.update(status="skipped", note=f"the dry run compiles at budget {cfg.compiled_budgets[0]:g} only")
+        else:
+            def method(budget=budget, policy=policy, row=row):
+                start = time.perf_counter()
+                compiled, predicted = make(budget, policy)
+                row.update(predicted=predicted, planning_time_s=time.perf_counter() - start)
+                return compiled
+            timed(row, method, COMPILE_ALLOWANCE_S)
+        m = row.get("measured") or {}
+        log(f"{row['name']}: {row['status']}{' (' + row['note'] + ')' if row['note'] else ''}"
+            + (f", step {format_seconds(m['step_time_s'])}" if m else ""))
+        run.save()
 
 
 def micro_batch_for(step_peak_per_sequence_bytes: int, free_bytes: int) -> int:
@@ -214,7 +248,7 @@ def validate(run: Run, args, cfg: Settings, device, torch) -> None:
 
     r = run.results
     r["config"] = {"policies": list(args.policies), "budgets": list(args.budgets), "warmup": cfg.warmup,
-                   "steps": cfg.steps, "time_limit_s": args.time_limit_s}
+                   "steps": cfg.steps, "time_limit_s": args.time_limit_s, "compile_backend": args.compile_backend}
     log(f"device: {device.name} ({device.kind}), torch {torch.__version__}; results in {run.out_dir}")
 
     # ---- 1. the link and the device ----------------------------------------------------------
@@ -279,20 +313,6 @@ def validate(run: Run, args, cfg: Settings, device, torch) -> None:
         f"step {format_seconds(ideal.step_time_s)}, peak {format_bytes(ideal.peak_memory_bytes)}")
     run.save()
 
-    plans = []
-    for budget in args.budgets:
-        for policy in args.policies:
-            base = {"policy": policy, "budget_fraction": budget}
-            t0 = time.perf_counter()
-            try:
-                plan = slackswap.plan(workload, hardware, budget=budget, policy=policy)
-                predicted = predict(workload, hardware, plan, params)
-            except Exception as exc:  # one policy failing must not hide the others
-                plans.append((base, None, {"status": "failed", "note": f"planning: {failure(exc)}"}))
-                continue
-            plans.append((base, plan, {"planning_time_s": time.perf_counter() - t0, "budget_bytes": plan.budget_bytes,
-                                       "predicted": predicted}))
-
     def estimate_s() -> float:  # a configuration's steps at up to 4x plain's step time, plus setup
         return 4 * step_s * (cfg.warmup + cfg.steps + 1) + 5
 
@@ -312,12 +332,28 @@ def validate(run: Run, args, cfg: Settings, device, torch) -> None:
             device.release_cached()
 
 
-    def plan_rows(path: str, make, setup_s: float = 0.0):
-        for base, plan, info in plans:
-            row = run.add_row({"name": f"{base['policy']} @ {base['budget_fraction']:g} ({path})", "group": "plan",
-                               "method": path, "status": "pending", **base, **info})
-            if plan is not None:
-                timed(row, lambda: make(plan, row), setup_s)
+    def runtime_rows() -> None:
+        """Plan, predict and run each configuration in turn, budget 0.5 first, so the time limit
+        (which counts the slowest planning so far) leaves out the least informative ones."""
+        planning_allowance_s = 0.0
+        for budget, policy in by_priority(args.budgets, args.policies):
+            row = run.add_row({"name": f"{policy} @ {budget:g} (runtime)", "group": "plan", "method": "runtime",
+                               "status": "pending", "policy": policy, "budget_fraction": budget})
+            if run.left_s() < estimate_s() + planning_allowance_s:
+                row.update(status="skipped", note=f"time limit ({run.time_limit_s:.0f} s) reached")
+            else:
+                t0 = time.perf_counter()
+                try:
+                    plan = slackswap.plan(workload, hardware, budget=budget, policy=policy)
+                    row.update(predicted=predict(workload, hardware, plan, params), budget_bytes=plan.budget_bytes)
+                except Exception as exc:  # one policy failing must not hide the others
+                    plan = None
+                    row.update(status="failed", note=f"planning: {failure(exc)}")
+                row["planning_time_s"] = time.perf_counter() - t0
+                planning_allowance_s = max(planning_allowance_s, row["planning_time_s"])
+                if plan is not None:
+                    timed(row, lambda: runtime_method(row["name"], slackswap.apply(model, plan, workload=workload),
+                                                      loss))
             m = row.get("measured") or {}
             log(f"{row['name']}: {row['status']}{' (' + row['note'] + ')' if row['note'] else ''}"
                 + (f", step {format_seconds(m['step_time_s'])} measured vs "
@@ -326,16 +362,16 @@ def validate(run: Run, args, cfg: Settings, device, torch) -> None:
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        plan_rows("runtime", lambda plan, row: runtime_method(
-            row["name"], slackswap.apply(model, plan, workload=workload), loss))
+        runtime_rows()
         for method in peer_methods(device, model, loss):
             row = run.add_row({"name": method.name, "group": "peer", "method": method.name, "status": "pending"})
             timed(row, lambda: method)
             log(f"{row['name']}: {row['status']}" + (f", step {format_seconds(row['measured']['step_time_s'])}"
                                                       if row.get("measured") else ""))
             run.save()
-        plan_rows("compiled", lambda plan, row: compiled_method(row["name"], model, batch, loss_fn, plan, workload,
-                                                                hardware), setup_s=COMPILE_ALLOWANCE_S)
+        compiled_rows(run, args, cfg, timed, lambda budget, policy: compiled_method(
+            f"{policy} @ {budget:g} (compiled)", model, batch, loss_fn, hardware=hardware, budget=budget,
+            policy=policy, backend=args.compile_backend, parameter_count=params))
     r["notes"] += sorted({x["predicted"]["memory_note"] for x in r["rows"] if (x.get("predicted") or {}).get(
         "memory_note")})
     seen = sorted({f"{w.category.__name__}: {str(w.message).splitlines()[0]}" for w in caught})

@@ -74,9 +74,15 @@ def test_every_configuration_has_its_row(dry_run):
         if p is not None:  # an allocated/reserved prediction, or the reason there is none, on the page
             assert (p["allocated_peak_bytes"] is not None) == (p["reserved_peak_bytes"] is not None)
             assert p["allocated_peak_bytes"] is not None or p["memory_note"] in results["notes"]
-    compiled = [r for r in results["rows"] if r["method"] == "compiled" and "predicted" in r]
-    if not hasattr(slackswap, "compile"):
-        assert all(r["status"] == "skipped" and "slackswap.compile" in r["note"] for r in compiled)
+    compiled = [r for r in results["rows"] if r["method"] == "compiled"]
+    for r in compiled:
+        if r["budget_fraction"] != 0.5:
+            assert r["status"] == "skipped" and "dry run compiles at budget 0.5 only" in r["note"]
+        elif not hasattr(slackswap, "compile"):
+            assert r["status"] == "skipped" and "slackswap.compile" in r["note"]
+        else:  # compiled, planned from its own graph, and run
+            assert r["status"] == "ok", r
+            assert r["predicted"]["graph_ops"] > 0 and r["measured"]["step_time_s"] > 0
 
 
 @pytest.mark.slow  # shares one dry run of about 10 s
@@ -196,3 +202,24 @@ def test_micro_batch_is_the_largest_power_of_two_that_fits_a_quarter_of_free_mem
     assert gpu_validate.micro_batch_for(10 * GiB, 80 * 10**9) == 1  # 2 x 10 GiB = 21.5 GB > 20 GB
     assert gpu_validate.micro_batch_for(100 * GiB, 80 * 10**9) == 1  # never 0
     assert gpu_validate.micro_batch_for(1, 10**15) == gpu_validate.MAX_MICRO_BATCH
+
+
+def test_budget_half_runs_first():
+    import gpu_validate
+
+    order = gpu_validate.by_priority((0.3, 0.5, 0.8), ("a", "b"))
+    assert order == [(0.5, "a"), (0.5, "b"), (0.3, "a"), (0.3, "b"), (0.8, "a"), (0.8, "b")]
+
+
+@pytest.mark.slow  # a second, shorter dry run
+def test_past_the_time_limit_rows_are_skipped_and_the_files_still_complete(tmp_path):
+    result = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--out", str(tmp_path), "--time-limit-s", "0",
+                             "--policies", "slackswap", "--budgets", "0.5"], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    results = json.loads((tmp_path / "gpu-cpu.json").read_text())
+    rows = {r["name"]: r for r in results["rows"]}
+    assert set(rows) == {"plain training", *PEERS, "slackswap @ 0.5 (runtime)", "slackswap @ 0.5 (compiled)"}
+    for name in ("slackswap @ 0.5 (runtime)", *PEERS):
+        assert rows[name]["status"] == "skipped" and rows[name]["note"] == "time limit (0 s) reached"
+    assert rows["plain training"]["status"] == "ok" and results["profile"]["ops"] > 0
+    assert Hardware.load(tmp_path / "cpu-measured.json").name == "cpu-measured"
