@@ -17,7 +17,9 @@ from .timeline import Timeline
 from .units import parse_budget
 from .workload import Workload
 
-__all__ = ["DEFAULT_HARDWARE", "apply", "plan", "profile", "simulate"]
+__all__ = [
+    "DEFAULT_HARDWARE", "apply", "device_memory", "fit", "model_states", "plan", "plan_for_gpu", "profile", "simulate",
+]
 
 
 def _workload(workload: Workload | str, hardware: Hardware) -> Workload:
@@ -31,10 +33,17 @@ def _workload(workload: Workload | str, hardware: Hardware) -> Workload:
 def plan(
     workload: Workload | str,
     hardware: Hardware | str = DEFAULT_HARDWARE,
-    budget: float | int | str = 0.5,
+    budget: float | int | str | None = None,
     policy: str = "slackswap",
+    *,
+    gpu_memory: int | str | None = None,
+    **device: Any,
 ) -> Plan:
-    """Plan keep / swap / recompute for every saved tensor of ``workload`` within ``budget``.
+    """Plan keep / swap / recompute for every saved tensor of ``workload`` within ``budget``
+    (saved-activation bytes; default 0.5 of the unconstrained peak), or, with ``gpu_memory``
+    (bytes or a size such as "80GiB"), so that the whole step's simulated reserved peak fits
+    the GPU; ``device`` takes the DeviceOptions fields (optimizer, precision, shard, sharding,
+    expandable_segments; docs/memory.md).
 
     The plan carries the backward step at which the simulation starts each copy back, which
     is when the runtime issues it (slackswap.sim.copy_starts)."""
@@ -43,8 +52,12 @@ def plan(
 
     hw = get_hardware(hardware)
     w = _workload(workload, hw)
-    peak = simulate_ideal(w, hw).peak_memory_bytes
-    result = plan_workload(w, hw, parse_budget(budget, peak), policy)
+    if gpu_memory is not None:
+        result = plan_for_gpu(w, hw, gpu_memory, policy, budget=budget, **device).plan
+    else:
+        _no_device_options(device)
+        peak = simulate_ideal(w, hw).peak_memory_bytes
+        result = plan_workload(w, hw, parse_budget(0.5 if budget is None else budget, peak), policy)
     return with_copy_in_start_steps(w, hw, result)
 
 
@@ -55,12 +68,19 @@ def simulate(
     budget: float | int | str | None = None,
     *,
     policy: str | None = None,
+    gpu_memory: int | str | None = None,
+    **device: Any,
 ) -> Timeline:
-    """Simulate one step under ``plan`` (or under ``policy``, planned on the fly; ideal if neither)."""
+    """Simulate one step under ``plan`` (or under ``policy``, planned on the fly; ideal if neither).
+    With ``gpu_memory`` and no plan, ``policy`` plans so that the step fits the GPU (as ``plan``);
+    ``device_memory`` gives the step's memory beyond activations."""
     from .sim import simulate as simulate_plan, simulate_ideal
 
     hw = get_hardware(hardware)
     w = _workload(workload, hw)
+    if gpu_memory is not None and plan is None:
+        return plan_for_gpu(w, hw, gpu_memory, policy or "ideal", budget=budget, **device).timeline
+    _no_device_options(device)
     ideal = simulate_ideal(w, hw)
     budget_bytes = None if budget is None else parse_budget(budget, ideal.peak_memory_bytes)
     if plan is None and policy in (None, "ideal"):
@@ -117,3 +137,95 @@ def model_states(
 
         model = model_spec(model)
     return states_of(model, optimizer=optimizer, precision=precision, ranks=shard, sharding=sharding)
+
+
+def _device_options(device: dict[str, Any]):
+    from .memory.device_plan import DeviceOptions
+
+    try:
+        return DeviceOptions(**device)
+    except TypeError:
+        from .errors import ValidationError
+
+        raise ValidationError(
+            f"unknown device option(s) {', '.join(sorted(device))}: use optimizer, precision, shard, sharding, "
+            "expandable_segments"
+        ) from None
+
+
+def _no_device_options(device: dict[str, Any]) -> None:
+    if device:
+        raise BudgetError(f"{', '.join(sorted(device))} need gpu_memory: give the GPU's memory (for example '80GiB')")
+
+
+def gpu_memory_bytes_for(gpu_memory: int | str) -> int:
+    """A GPU's memory as bytes, from an int or a size string ("80GiB")."""
+    from .units import parse_size_bytes
+
+    if isinstance(gpu_memory, bool) or not isinstance(gpu_memory, (int, str)):
+        raise BudgetError(f"GPU memory must be a byte count or a size such as 80GiB, got {gpu_memory!r}")
+    if isinstance(gpu_memory, str):
+        return parse_size_bytes(gpu_memory)
+    if gpu_memory <= 0:
+        raise BudgetError(f"GPU memory of {gpu_memory} bytes must be positive")
+    return gpu_memory
+
+
+def plan_for_gpu(
+    workload: Workload | str,
+    hardware: Hardware | str = DEFAULT_HARDWARE,
+    gpu_memory: int | str = "80GiB",
+    policy: str = "slackswap",
+    *,
+    budget: Any = None,
+    **device: Any,
+):
+    """A ``slackswap.memory.DevicePlan``: the ``policy`` plan whose simulated reserved peak (model
+    states, activations, gradients, workspaces, allocator rounding) fits ``gpu_memory``, with its
+    Timeline and DeviceMemory. Raises BudgetError saying what does not fit."""
+    from .memory.device_plan import plan_for_device
+
+    if budget is not None:
+        raise BudgetError("give either an activation budget or the GPU's memory, not both")
+    hw = get_hardware(hardware)
+    return plan_for_device(_workload(workload, hw), hw, gpu_memory_bytes_for(gpu_memory), policy,
+                           _device_options(device))
+
+
+def device_memory(
+    workload: Workload | str,
+    hardware: Hardware | str = DEFAULT_HARDWARE,
+    plan: Plan | None = None,
+    **device: Any,
+):
+    """The step's whole device memory under ``plan`` (everything kept if None), a
+    ``slackswap.memory.DeviceMemory``: model states, activation peak, allocated and reserved peaks."""
+    from .memory.step import device_memory as replay_step
+    from .schedule import make_plan
+
+    hw = get_hardware(hardware)
+    w = _workload(workload, hw)
+    options = _device_options(device)
+    if plan is None:
+        plan = make_plan(w, {}, policy="ideal", budget_bytes=None)
+    return replay_step(w, hw, plan, states=options.states(w), expandable_segments=options.expandable_segments)[1]
+
+
+def fit(
+    model: str,
+    hardware: Hardware | str = DEFAULT_HARDWARE,
+    gpu_memory: int | str = "80GiB",
+    *,
+    micro_batches: Any = None,
+    seq_lens: Any = None,
+    policies: Any = None,
+    progress: Any = None,
+    **device: Any,
+):
+    """Which micro-batch sizes and sequence lengths of built-in ``model`` fit ``gpu_memory`` under
+    each policy, and at what simulated throughput (a ``slackswap.experiments.fit.FitResult``)."""
+    from .experiments.fit import DEFAULT_MICRO_BATCHES, DEFAULT_POLICIES, fit as fit_table
+
+    return fit_table(model, get_hardware(hardware), gpu_memory_bytes_for(gpu_memory),
+                     micro_batches=micro_batches or DEFAULT_MICRO_BATCHES, seq_lens=seq_lens,
+                     policies=policies or DEFAULT_POLICIES, options=_device_options(device), progress=progress)

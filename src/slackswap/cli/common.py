@@ -9,8 +9,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..errors import OutputPathError, ValidationError
+from ..errors import BudgetError, OutputPathError, ValidationError
 from ..hardware import DEFAULT_HARDWARE, Hardware, get_hardware
+from ..units import format_bytes, parse_size_bytes
 from ..units import parse_budget  # noqa: F401 - the one budget parser, re-exported for the commands
 from ..workload import Workload
 
@@ -46,7 +47,55 @@ def add_hardware_arg(parser: argparse.ArgumentParser, default: str = DEFAULT_HAR
 def add_budget_arg(parser: argparse.ArgumentParser, default: str | None = "0.5") -> None:
     parser.add_argument("--budget", default=default, metavar="F|SIZE",
                         help="activation budget: a fraction of the unconstrained peak (0.5) or a size (12GiB)"
-                        + (f" (default {default})" if default else ""))
+                        + (f" (default {default})" if default else " (default 0.5)"))
+
+
+def add_device_args(parser: argparse.ArgumentParser) -> None:
+    """--gpu-memory and how the model is trained (docs/memory.md)."""
+    from ..memory.model_states import OPTIMIZERS, PRECISIONS, SHARDINGS
+
+    group = parser.add_argument_group("device memory (docs/memory.md)")
+    group.add_argument("--gpu-memory", dest="gpu_memory", metavar="SIZE",
+                       help="plan so that the whole step's simulated reserved peak (model states, activations, "
+                       "gradients, workspaces, allocator) fits this much GPU memory, such as 80GiB")
+    group.add_argument("--optimizer", default="adam", choices=list(OPTIMIZERS), help="optimizer (default adam)")
+    group.add_argument("--precision", default="bf16-mixed", choices=list(PRECISIONS),
+                       help="parameter, gradient and optimizer-state precision (default bf16-mixed)")
+    group.add_argument("--shard", default=1, type=int, metavar="N", help="shard the model states over N GPUs (default 1)")
+    group.add_argument("--sharding", default="fsdp", choices=list(SHARDINGS),
+                       help="what --shard shards: zero1, zero2, zero3 or fsdp (default fsdp)")
+    group.add_argument("--expandable-segments", dest="expandable_segments", action="store_true",
+                       help="model PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+
+
+def device_options(args: argparse.Namespace):
+    from ..memory.device_plan import DeviceOptions
+
+    if args.shard < 1:
+        raise ValidationError(f"--shard {args.shard}: the shard count must be at least 1")
+    return DeviceOptions(optimizer=args.optimizer, precision=args.precision, shard=args.shard,
+                         sharding=args.sharding, expandable_segments=args.expandable_segments)
+
+
+def gpu_memory_arg(args: argparse.Namespace) -> int | None:
+    """--gpu-memory in bytes (None when not given); refuses it beside --budget."""
+    if args.gpu_memory is None:
+        return None
+    if getattr(args, "budget", None) is not None:
+        raise BudgetError("give either --budget (saved activations) or --gpu-memory (the whole GPU), not both")
+    return parse_size_bytes(args.gpu_memory)
+
+
+def device_lines(memory, gpu_memory_bytes: int | None = None) -> list[str]:
+    """Console lines for a DeviceMemory."""
+    states = "unknown (the workload does not record its parameters)" if memory.model_state_bytes is None else (
+        format_bytes(memory.model_state_bytes))
+    gpu = "" if gpu_memory_bytes is None else f" of {format_bytes(gpu_memory_bytes)}"
+    return [
+        f"model states        {states}",
+        f"device memory       allocated peak {format_bytes(memory.allocated_peak_bytes)}, reserved peak "
+        f"{format_bytes(memory.reserved_peak_bytes)}{gpu} (fragmentation {format_bytes(memory.allocator.fragmentation_bytes)})",
+    ]
 
 
 def spec_overrides(args: argparse.Namespace) -> dict[str, Any]:

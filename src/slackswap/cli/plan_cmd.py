@@ -7,7 +7,8 @@ from ..report.console import progress_reporter
 from ..planners import DEFAULT_POLICY, PLANNERS
 from ..units import format_bytes, format_seconds
 from .common import (
-    add_budget_arg, add_hardware_arg, add_workload_args, check_output_paths, load_hardware, load_workload, print_json,
+    add_budget_arg, add_device_args, add_hardware_arg, add_workload_args, check_output_paths, device_lines,
+    device_options, gpu_memory_arg, load_hardware, load_workload, print_json,
 )
 
 
@@ -15,7 +16,8 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser("plan", help="plan keep / swap / recompute of saved activations")
     add_workload_args(parser)
     add_hardware_arg(parser)
-    add_budget_arg(parser)
+    add_budget_arg(parser, default=None)
+    add_device_args(parser)
     parser.add_argument("--policy", default=DEFAULT_POLICY, choices=list(PLANNERS), metavar="P",
                         help=f"planning policy: {', '.join(PLANNERS)} (default {DEFAULT_POLICY})")
     parser.add_argument("--out", required=True, metavar="FILE", help="where to write the plan JSON")
@@ -26,16 +28,20 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     check_output_paths(args.out)
+    options = device_options(args).to_dict()
+    gpu = gpu_memory_arg(args)
     hardware = load_hardware(args)
     workload = load_workload(args, hardware)
     with progress_reporter("plan", quiet=args.quiet) as report:
         report(0, None, f"{args.policy} for {workload.name}")
-        plan = api.plan(workload, hardware, args.budget, args.policy)
+        device = {"gpu_memory": gpu, **options} if gpu is not None else {}
+        plan = api.plan(workload, hardware, args.budget, args.policy, **device)
     plan.save(args.out, workload)
     if args.quiet:
         return 0
     ideal = api.simulate(workload, hardware)
     timeline = api.simulate(workload, hardware, plan)
+    memory = api.device_memory(workload, hardware, plan, **options)
     if args.json:
         from ..plans import Action
 
@@ -47,9 +53,11 @@ def run(args) -> int:
             "swap_bytes": plan.bytes_with(workload, Action.SWAP),
             "recompute_bytes": plan.bytes_with(workload, Action.RECOMPUTE),
             "simulated": timeline.summary(), "info": dict(plan.info),
+            "device_memory": {**memory.summary(), "device": options, "gpu_memory_bytes": gpu},
         })
     else:
-        print("\n".join(summary_lines(plan, timeline, workload, ideal.peak_memory_bytes, args.out)))
+        print("\n".join(summary_lines(plan, timeline, workload, ideal.peak_memory_bytes, args.out)
+                        + device_lines(memory, gpu)))
     return 0
 
 

@@ -6,7 +6,10 @@ from .. import api
 from ..plans import Plan
 from ..timeline import Timeline
 from ..units import format_bytes, format_seconds
-from .common import add_hardware_arg, add_workload_args, check_output_paths, load_hardware, load_workload, print_json
+from .common import (
+    add_device_args, add_hardware_arg, add_workload_args, check_output_paths, device_lines, device_options,
+    gpu_memory_arg, load_hardware, load_workload, print_json,
+)
 
 
 def register(subparsers) -> None:
@@ -19,6 +22,7 @@ def register(subparsers) -> None:
     parser.add_argument("--budget", default=None, metavar="F|SIZE",
                         help="activation budget: a fraction of the unconstrained peak (0.5) or a size (12GiB); "
                         "default: the plan's own budget, or 0.5 with --policy")
+    add_device_args(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--quiet", action="store_true", help="print nothing but errors (files are still written)")
     parser.add_argument("--timeline", metavar="FILE", help="also write the full Timeline as JSON")
@@ -34,10 +38,15 @@ def run(args) -> int:
         from ..report.plots import check_plot_target
 
         check_plot_target(args.plot)
+    options = device_options(args).to_dict()
+    gpu = gpu_memory_arg(args)
     hardware = load_hardware(args)
     workload = load_workload(args, hardware)
     ideal = api.simulate(workload, hardware)
-    if args.plan:
+    if gpu is not None and not args.plan:
+        plan = api.plan(workload, hardware, args.budget, args.policy or "ideal", gpu_memory=gpu, **options)
+        timeline = api.simulate(workload, hardware, plan)
+    elif args.plan:
         plan = Plan.load(args.plan)
         timeline = api.simulate(workload, hardware, plan, args.budget)
     elif args.policy in (None, "ideal"):
@@ -47,6 +56,7 @@ def run(args) -> int:
         budget = "0.5" if args.budget is None else args.budget
         plan = api.plan(workload, hardware, budget, args.policy)
         timeline = api.simulate(workload, hardware, plan, budget)
+    memory = api.device_memory(workload, hardware, plan, **options)
     if args.timeline:
         timeline.save(args.timeline)
     if args.trace:
@@ -62,9 +72,14 @@ def run(args) -> int:
     if args.json:
         summary = timeline.summary()
         summary["unconstrained_peak_bytes"] = ideal.peak_memory_bytes
+        summary.update(memory.summary())
+        summary["device"] = options
+        if gpu is not None:
+            summary["gpu_memory_bytes"] = gpu
+            summary["fits_gpu_memory"] = memory.reserved_peak_bytes <= gpu
         print_json(summary)
     else:
-        print("\n".join(summary_lines(timeline, ideal.peak_memory_bytes)))
+        print("\n".join(summary_lines(timeline, ideal.peak_memory_bytes) + device_lines(memory, gpu)))
     return 0
 
 

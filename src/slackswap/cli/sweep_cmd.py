@@ -5,7 +5,8 @@ from __future__ import annotations
 from ..experiments.sweep import parse_budgets, parse_policies, run_sweep, write_csv
 from ..report.console import progress_reporter
 from .common import (
-    add_hardware_arg, add_workload_args, check_output_paths, load_hardware, load_workload, print_json,
+    add_device_args, add_hardware_arg, add_workload_args, check_output_paths, device_options, gpu_memory_arg,
+    load_hardware, load_workload, print_json,
 )
 
 
@@ -16,6 +17,7 @@ def register(subparsers) -> None:
     parser.add_argument("--budgets", default="0.2:1.0:0.05", metavar="START:STOP:STEP|LIST",
                         help="budget fractions of the unconstrained peak (default 0.2:1.0:0.05)")
     parser.add_argument("--policies", default=None, metavar="A,B", help="comma-separated policies (default all)")
+    add_device_args(parser)
     parser.add_argument("--out", required=True, metavar="FILE", help="where to write the CSV")
     parser.add_argument("--plot", metavar="FILE",
                         help="also draw throughput against budget per policy (.png, .svg or .pdf; extra 'plot')")
@@ -32,10 +34,13 @@ def run(args) -> int:
         check_plot_target(args.plot)
     budgets = parse_budgets(args.budgets)
     policies = parse_policies(args.policies)
+    options = device_options(args)
+    gpu = gpu_memory_arg(args)
     hardware = load_hardware(args)
     workload = load_workload(args, hardware)
     with progress_reporter("sweep", quiet=args.quiet) as progress:
-        rows = run_sweep(workload, hardware, budgets, policies, progress=progress)
+        rows = run_sweep(workload, hardware, budgets, policies, progress=progress, gpu_memory_bytes=gpu,
+                         options=options)
     write_csv(args.out, rows)
     if args.plot:
         from ..report.plots import plot_sweep

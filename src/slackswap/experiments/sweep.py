@@ -15,6 +15,8 @@ from typing import Callable, Iterable, Sequence
 from .._fields import write_text_atomic
 from ..errors import BudgetError, ValidationError
 from ..hardware import Hardware
+from ..memory.device_plan import DeviceOptions
+from ..memory.step import device_memory
 from ..planners import PLANNERS, get_planner, minimum_budget_bytes, plan_workload
 from ..sim import simulate, simulate_ideal
 from ..workload import Workload
@@ -23,6 +25,9 @@ COLUMNS = (
     "workload", "hardware", "budget_fraction", "budget_bytes", "policy", "fits", "throughput_pct", "step_time_s",
     "peak_memory_bytes", "recompute_time_s", "stall_time_s", "d2h_bytes", "h2d_bytes", "plan_time_s", "note",
 )
+
+DEVICE_COLUMNS = ("model_state_bytes", "allocated_peak_bytes", "reserved_peak_bytes", "fits_gpu_memory")
+"""Added when the sweep is given the GPU's memory (docs/memory.md)."""
 
 Progress = Callable[[int, int, str], None]
 """Called as progress(done, total, label) after each (budget, policy) pair."""
@@ -73,8 +78,11 @@ def parse_policies(text: str | None) -> list[str]:
 
 
 def run_sweep(workload: Workload, hardware: Hardware, budgets: Sequence[float], policies: Iterable[str],
-              progress: Progress | None = None) -> list[dict]:
-    """Plan and simulate every policy at every budget fraction; rows in budget, then policy order."""
+              progress: Progress | None = None, *, gpu_memory_bytes: int | None = None,
+              options: DeviceOptions | None = None) -> list[dict]:
+    """Plan and simulate every policy at every budget fraction; rows in budget, then policy order.
+    With ``gpu_memory_bytes``, each row also has the DEVICE_COLUMNS: the whole step replayed
+    through the allocator model under ``options``, and whether its reserved peak fits."""
     policies = list(policies)
     for name in policies:
         get_planner(name)
@@ -86,17 +94,25 @@ def run_sweep(workload: Workload, hardware: Hardware, budgets: Sequence[float], 
     for fraction in budgets:
         budget = max(1, int(fraction * peak))
         for policy in policies:
-            rows.append(_row(workload, hardware, fraction, budget, policy, minimum))
+            row = _row(workload, hardware, fraction, budget, policy, minimum,
+                       None if gpu_memory_bytes is None else (options or DeviceOptions()))
+            if gpu_memory_bytes is not None:
+                reserved = row["reserved_peak_bytes"]
+                row["fits_gpu_memory"] = None if reserved is None else reserved <= gpu_memory_bytes
+            rows.append(row)
             if progress is not None:
                 progress(len(rows), total, f"{policy} at {fraction:.2f}")
     return rows
 
 
-def _row(workload: Workload, hardware: Hardware, fraction: float, budget: int, policy: str, minimum: int) -> dict:
+def _row(workload: Workload, hardware: Hardware, fraction: float, budget: int, policy: str, minimum: int,
+         options: DeviceOptions | None = None) -> dict:
     row = {"workload": workload.name, "hardware": hardware.name, "budget_fraction": fraction,
            "budget_bytes": budget, "policy": policy, "fits": False, "throughput_pct": None, "step_time_s": None,
            "peak_memory_bytes": None, "recompute_time_s": None, "stall_time_s": None, "d2h_bytes": None,
            "h2d_bytes": None, "plan_time_s": None, "note": ""}
+    if options is not None:
+        row.update(dict.fromkeys(DEVICE_COLUMNS))
     if budget < minimum and policy != "ideal":
         row["note"] = f"below the minimum budget of {minimum} bytes"
         return row
@@ -107,7 +123,14 @@ def _row(workload: Workload, hardware: Hardware, fraction: float, budget: int, p
         row["note"] = str(exc)
         return row
     row["plan_time_s"] = time.perf_counter() - started
-    timeline = simulate(workload, hardware, plan, plan.budget_bytes, check=False)
+    if options is None:
+        timeline = simulate(workload, hardware, plan, plan.budget_bytes, check=False)
+    else:
+        states = options.states(workload)
+        timeline, memory = device_memory(workload, hardware, plan, states=states, budget_bytes=plan.budget_bytes,
+                                         expandable_segments=options.expandable_segments)
+        row.update(model_state_bytes=memory.model_state_bytes, allocated_peak_bytes=memory.allocated_peak_bytes,
+                   reserved_peak_bytes=memory.reserved_peak_bytes)
     row.update(fits=True, throughput_pct=timeline.throughput_pct, step_time_s=timeline.step_time_s,
                peak_memory_bytes=timeline.peak_memory_bytes, recompute_time_s=timeline.recompute_time_s,
                stall_time_s=timeline.stall_time_s, d2h_bytes=timeline.d2h_bytes, h2d_bytes=timeline.h2d_bytes)
@@ -116,10 +139,11 @@ def _row(workload: Workload, hardware: Hardware, fraction: float, budget: int, p
 
 def rows_to_csv(rows: Sequence[dict]) -> str:
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=list(COLUMNS), lineterminator="\n")
+    columns = COLUMNS + (DEVICE_COLUMNS if rows and DEVICE_COLUMNS[0] in rows[0] else ())
+    writer = csv.DictWriter(buffer, fieldnames=list(columns), lineterminator="\n")
     writer.writeheader()
     for row in rows:
-        writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in COLUMNS})
+        writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in columns})
     return buffer.getvalue()
 
 

@@ -1,0 +1,88 @@
+"""`slackswap fit`: which micro-batch sizes and sequence lengths fit a GPU, under each policy."""
+
+from __future__ import annotations
+
+from ..errors import ValidationError
+from ..report.console import progress_reporter
+from ..units import format_bytes, format_seconds, parse_size_bytes
+from .common import add_device_args, add_hardware_arg, device_options, load_hardware, print_json
+
+
+def _int_list(text: str, what: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValidationError(f"cannot read {what} {text!r}: write a comma-separated list such as 1,2,4") from None
+    if not values:
+        raise ValidationError(f"{what} {text!r} lists nothing: write a comma-separated list such as 1,2,4")
+    return values
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("fit", help="which micro-batch sizes and sequence lengths fit a GPU, and how fast")
+    parser.add_argument("--model", required=True, metavar="NAME", help="built-in model (see 'slackswap models')")
+    add_hardware_arg(parser)
+    add_device_args(parser)
+    parser.add_argument("--micro-batches", dest="micro_batches", default="1,2,4,8,16", metavar="LIST",
+                        help="micro-batch sizes to try (default 1,2,4,8,16)")
+    parser.add_argument("--seq-lens", dest="seq_lens", default=None, metavar="LIST",
+                        help="sequence lengths to try (default: the model's)")
+    parser.add_argument("--policies", default="ideal,full-recompute,slackswap", metavar="A,B",
+                        help="policies to try (default ideal,full-recompute,slackswap)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    parser.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..experiments.fit import fit
+    from ..experiments.sweep import parse_policies
+
+    if args.gpu_memory is None:
+        raise ValidationError("fit needs --gpu-memory SIZE: the memory of one GPU, for example 80GiB")
+    gpu = parse_size_bytes(args.gpu_memory)
+    options = device_options(args)
+    micro_batches = _int_list(args.micro_batches, "--micro-batches")
+    seq_lens = _int_list(args.seq_lens, "--seq-lens") if args.seq_lens else None
+    policies = parse_policies(args.policies)
+    hardware = load_hardware(args)
+    with progress_reporter("fit", quiet=args.quiet or args.json) as progress:
+        result = fit(args.model, hardware, gpu, micro_batches=micro_batches, seq_lens=seq_lens, policies=policies,
+                     options=options, progress=progress)
+    if args.quiet:
+        return 0
+    if args.json:
+        print_json(result.to_dict())
+        return 0
+    print("\n".join(table_lines(result)))
+    return 0
+
+
+def table_lines(result) -> list[str]:
+    o = result.options
+    lines = [
+        f"{result.model} on {result.hardware}, {format_bytes(result.gpu_memory_bytes)} per GPU, {o.optimizer} "
+        f"{o.precision}, model states {format_bytes(result.model_state_bytes)} per GPU"
+        + (f" ({o.sharding} over {o.shard} GPUs)" if o.shard > 1 else ""),
+        "",
+        f"{'micro-batch':>11}  {'seq len':>7}  {'policy':<20} {'fits':<4}  {'throughput':>10}  {'tokens/s':>10}  "
+        f"{'step time':>10}  {'reserved peak':>13}",
+    ]
+    for r in result.rows:
+        if r.fits:
+            lines.append(f"{r.micro_batch:>11}  {r.seq_len:>7}  {r.policy:<20} {'yes':<4}  {r.throughput_pct:>9.2f}%  "
+                         f"{r.tokens_per_s:>10.0f}  {format_seconds(r.step_time_s):>10}  "
+                         f"{format_bytes(r.reserved_peak_bytes):>13}")
+        else:
+            lines.append(f"{r.micro_batch:>11}  {r.seq_len:>7}  {r.policy:<20} {'no':<4}  {r.note}")
+    lines.append("")
+    lines.append("throughput: % of the same configuration with everything kept and no memory limit (simulated); "
+                 "tokens/s per GPU")
+    if result.advice:
+        lines.append(result.advice)
+    else:
+        # Ties go to the larger micro-batch: fewer optimizer steps per sample (not simulated).
+        best = max((r for r in result.rows if r.fits), key=lambda r: (r.tokens_per_s, r.micro_batch, r.seq_len))
+        lines.append(f"fastest that fits: micro-batch {best.micro_batch}, sequence length {best.seq_len}, "
+                     f"{best.policy}: {best.tokens_per_s:.0f} tokens/s per GPU")
+    return lines

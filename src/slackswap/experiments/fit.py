@@ -1,0 +1,156 @@
+"""Which micro-batch sizes and sequence lengths of a built-in model fit a GPU, under each policy.
+
+For every (micro-batch, sequence length) and policy, ``fit`` plans for the device's memory
+(memory/device_plan.py: the simulated reserved peak, model states included, fits the GPU)
+and reports the simulated throughput. A policy that does not fit at a micro-batch is not
+tried at larger ones for the same sequence length (their activations only grow), and the
+row says it was skipped. When nothing fits, ``advice`` says what would.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from ..errors import BudgetError, ValidationError
+from ..hardware import Hardware
+from ..memory.device_plan import DeviceOptions, plan_for_device
+from ..memory.model_states import model_states
+from ..units import format_bytes
+
+DEFAULT_POLICIES = ("ideal", "full-recompute", "slackswap")
+DEFAULT_MICRO_BATCHES = (1, 2, 4, 8, 16)
+MAX_GRID = 200
+"""Most (micro-batch, sequence length, policy) cells one call plans: each costs up to seconds."""
+_MAX_SHARD = 4096
+
+Progress = Callable[[int, int, str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class FitRow:
+    micro_batch: int
+    seq_len: int
+    policy: str
+    fits: bool
+    throughput_pct: float | None = None
+    """Simulated step throughput in % of the same configuration with everything kept and no memory limit."""
+    tokens_per_s: float | None = None
+    """micro_batch x seq_len over the simulated step time, per GPU."""
+    step_time_s: float | None = None
+    activation_budget_bytes: int | None = None
+    reserved_peak_bytes: int | None = None
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__slots__}
+
+
+@dataclass(frozen=True, slots=True)
+class FitResult:
+    model: str
+    hardware: str
+    gpu_memory_bytes: int
+    options: DeviceOptions
+    model_state_bytes: int
+    rows: tuple[FitRow, ...]
+    advice: str | None = None
+    """What would fit, when nothing does."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model, "hardware": self.hardware, "gpu_memory_bytes": self.gpu_memory_bytes,
+            **self.options.to_dict(), "model_state_bytes": self.model_state_bytes,
+            "rows": [r.to_dict() for r in self.rows], "advice": self.advice,
+        }
+
+
+def _advice(model: str, hardware: Hardware, gpu: int, options: DeviceOptions, smallest: tuple[int, int],
+            overrides: dict) -> str:
+    """What would fit when nothing does: more shards, or a shorter sequence."""
+    from ..planners import minimum_budget_bytes
+    from ..workloads.models import build_model_workload
+
+    micro_batch, seq_len = smallest
+    w = build_model_workload(model, hardware, **{**overrides, "micro_batch": micro_batch, "seq_len": seq_len})
+    minimum = minimum_budget_bytes(w)
+    states = options.states(w, required=True)
+    assert states is not None
+    head = (f"nothing fits {format_bytes(gpu)}: model states take {format_bytes(states.total_bytes)} per GPU and "
+            f"micro-batch {micro_batch} at sequence length {seq_len} needs at least {format_bytes(minimum)} of saved "
+            f"activations besides gradients and workspaces")
+    shard = options.shard
+    while shard < _MAX_SHARD:
+        shard *= 2
+        sharded = model_states(w, optimizer=options.optimizer, precision=options.precision, ranks=shard,
+                               sharding="fsdp" if options.sharding == "none" else options.sharding)
+        if sharded.total_bytes + minimum < gpu:
+            return (f"{head}; shard the model states over {shard} GPUs (--shard {shard}: "
+                    f"{format_bytes(sharded.total_bytes)} per GPU), or use a shorter sequence")
+    return f"{head}; use a shorter sequence or a GPU with more memory"
+
+
+def fit(
+    model: str,
+    hardware: Hardware,
+    gpu_memory_bytes: int,
+    *,
+    micro_batches: Sequence[int] = DEFAULT_MICRO_BATCHES,
+    seq_lens: Sequence[int] | None = None,
+    policies: Sequence[str] = DEFAULT_POLICIES,
+    options: DeviceOptions = DeviceOptions(),
+    progress: Progress | None = None,
+    **overrides: Any,
+) -> FitResult:
+    """Fit table of built-in model ``model`` (TransformerSpec ``overrides`` applied) on a GPU with
+    ``gpu_memory_bytes``: one row per (micro-batch, sequence length, policy)."""
+    from ..planners import get_planner
+    from ..workloads.models import build_model_workload, model_spec
+
+    for policy in policies:
+        get_planner(policy)
+    spec = model_spec(model, **overrides)
+    seq_lens = tuple(seq_lens) if seq_lens else (spec.seq_len,)
+    micro_batches = tuple(sorted(set(micro_batches)))
+    for value, what in [(m, "micro-batch") for m in micro_batches] + [(s, "sequence length") for s in seq_lens]:
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValidationError(f"{what} {value!r} must be a positive integer")
+    if not micro_batches or not policies:
+        raise ValidationError("fit needs at least one micro-batch and one policy")
+    total = len(micro_batches) * len(seq_lens) * len(policies)
+    if total > MAX_GRID:
+        raise ValidationError(f"fit asks for {total} cells; at most {MAX_GRID}: list fewer micro-batches, lengths or policies")
+    rows: list[FitRow] = []
+    states_bytes = 0
+    done = 0
+    for seq_len in seq_lens:
+        failed_at: dict[str, int] = {}
+        for micro_batch in micro_batches:
+            w = build_model_workload(model, hardware, **{**overrides, "micro_batch": micro_batch, "seq_len": seq_len})
+            states = options.states(w, required=True)
+            assert states is not None
+            states_bytes = states.total_bytes
+            tokens = micro_batch * seq_len
+            for policy in policies:
+                done += 1
+                if policy in failed_at:
+                    rows.append(FitRow(micro_batch, seq_len, policy, False,
+                                       note=f"skipped: micro-batch {failed_at[policy]} does not fit"))
+                    continue
+                try:
+                    result = plan_for_device(w, hardware, gpu_memory_bytes, policy, options)
+                except BudgetError as exc:
+                    failed_at[policy] = micro_batch
+                    why = str(exc).split(" per GPU: ", 1)[-1].split("; shard the model states", 1)[0]
+                    rows.append(FitRow(micro_batch, seq_len, policy, False, note=why))
+                else:
+                    t = result.timeline
+                    rows.append(FitRow(micro_batch, seq_len, policy, True, t.throughput_pct, tokens / t.step_time_s,
+                                       t.step_time_s, result.plan.budget_bytes, result.memory.reserved_peak_bytes))
+                if progress is not None:
+                    progress(done, total, f"micro-batch {micro_batch}, sequence {seq_len}, {policy}")
+    advice = None
+    if not any(r.fits for r in rows):
+        smallest = (micro_batches[0], min(seq_lens))
+        advice = _advice(model, hardware, gpu_memory_bytes, options, smallest, overrides)
+    return FitResult(model, hardware.name, gpu_memory_bytes, options, states_bytes, tuple(rows), advice)
