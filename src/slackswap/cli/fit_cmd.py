@@ -19,8 +19,9 @@ def _int_list(text: str, what: str) -> list[int]:
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("fit", help="which micro-batch sizes and sequence lengths fit a GPU, and how fast")
-    parser.add_argument("--model", required=True, metavar="NAME", help="built-in model (see 'slackswap models')")
+    parser = subparsers.add_parser("fit", help="which micro-batch sizes and sequence lengths fit a GPU, and how fast "
+                                   "(--gpu-memory defaults to the hardware's memory)")
+    parser.add_argument("--model", metavar="NAME", help="built-in model (see 'slackswap models'); required")
     add_hardware_arg(parser)
     add_device_args(parser)
     parser.add_argument("--micro-batches", dest="micro_batches", default="1,2,4,8,16", metavar="LIST",
@@ -38,14 +39,16 @@ def run(args) -> int:
     from ..experiments.fit import fit
     from ..experiments.sweep import parse_policies
 
-    if args.gpu_memory is None:
-        raise ValidationError("fit needs --gpu-memory SIZE: the memory of one GPU, for example 80GiB")
-    gpu = parse_size_bytes(args.gpu_memory)
-    options = device_options(args)
+    policies = parse_policies(args.policies)
     micro_batches = _int_list(args.micro_batches, "--micro-batches")
     seq_lens = _int_list(args.seq_lens, "--seq-lens") if args.seq_lens else None
-    policies = parse_policies(args.policies)
+    options = device_options(args)
+    gpu = None if args.gpu_memory is None else parse_size_bytes(args.gpu_memory)
     hardware = load_hardware(args)
+    if not args.model:
+        raise ValidationError("no workload given: fit needs --model NAME (a built-in model, see 'slackswap models')")
+    if gpu is None:
+        gpu = hardware.hbm_capacity_bytes
     with progress_reporter("fit", quiet=args.quiet or args.json) as progress:
         result = fit(args.model, hardware, gpu, micro_batches=micro_batches, seq_lens=seq_lens, policies=policies,
                      options=options, progress=progress)
