@@ -46,11 +46,18 @@ class Hardware:
     duplex_d2h_factor: float = 1.0
     """D2H bandwidth is multiplied by this while an H2D copy is in flight."""
     sources: tuple[str, ...] = ()
+    pinned_host_bytes: int | None = None
+    """Pinned host memory the swaps of one GPU may use; None: unlimited (docs/memory.md, Host memory)."""
 
     def __post_init__(self) -> None:
+        if self.pinned_host_bytes is not None and (
+                isinstance(self.pinned_host_bytes, bool) or not isinstance(self.pinned_host_bytes, int)
+                or self.pinned_host_bytes <= 0):
+            raise ValidationError(
+                f"hardware.pinned_host_bytes must be a positive integer or absent, got {self.pinned_host_bytes!r}")
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.name in ("name", "description", "sources"):
+            if f.name in ("name", "description", "sources", "pinned_host_bytes"):
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value in (float("inf"), float("-inf")):
                 raise ValidationError(f"hardware.{f.name} must be a finite number, got {value!r}")
@@ -97,6 +104,8 @@ class Hardware:
         data = {"format": HARDWARE_FORMAT}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
+            if value is None:
+                continue  # an unset optional field (pinned_host_bytes) stays out of the file
             data[f.name] = list(value) if isinstance(value, tuple) else value
         return data
 
@@ -121,6 +130,9 @@ class Hardware:
         kwargs["duplex_h2d_factor"] = f.number("duplex_h2d_factor", positive=True, default=1.0)
         kwargs["duplex_d2h_factor"] = f.number("duplex_d2h_factor", positive=True, default=1.0)
         kwargs["sources"] = f.str_list("sources", default=[])
+        if f.obj.get("pinned_host_bytes") is not None:
+            kwargs["pinned_host_bytes"] = f.int("pinned_host_bytes", positive=True)
+        f.used.add("pinned_host_bytes")
         f.no_extra()
         return cls(**kwargs)
 

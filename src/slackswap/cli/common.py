@@ -42,6 +42,9 @@ def add_hardware_arg(parser: argparse.ArgumentParser, default: str = DEFAULT_HAR
                         help=f"hardware preset (see 'slackswap hardware') or JSON file (default {default})")
     parser.add_argument("--duplex-slowdown", dest="duplex_slowdown", action=argparse.BooleanOptionalAction,
                         default=True, help="model the measured slowdown of H2D while D2H is busy (default on)")
+    parser.add_argument("--host-memory", dest="host_memory", metavar="SIZE",
+                        help="pinned host memory the swaps may use, such as 64GiB (default: the hardware's, "
+                        "unlimited in every preset)")
 
 
 def add_budget_arg(parser: argparse.ArgumentParser, default: str | None = "0.5") -> None:
@@ -106,6 +109,8 @@ def load_hardware(args: argparse.Namespace) -> Hardware:
     hardware = get_hardware(args.hardware)
     if not getattr(args, "duplex_slowdown", True):
         hardware = hardware.without_duplex_slowdown()
+    if getattr(args, "host_memory", None) is not None:
+        hardware = hardware.replace(pinned_host_bytes=parse_size_bytes(args.host_memory))
     return hardware
 
 

@@ -49,7 +49,8 @@ def plan_workload(workload: Workload, hardware: Hardware, budget_bytes: int, pol
 
     Raises UnknownNameError for an unknown policy, and BudgetError when the budget is below
     the minimum any plan can reach (minimum.minimum_budget_bytes) or below what this policy
-    can reach.
+    can reach. On hardware with ``pinned_host_bytes`` the plan swaps at most that much
+    (memory/host.py).
     """
     planner = get_planner(policy)
     if policy != "ideal":
@@ -57,4 +58,29 @@ def plan_workload(workload: Workload, hardware: Hardware, budget_bytes: int, pol
         from .minimum import check_budget
 
         check_budget(workload, budget_bytes, simulate_ideal(workload, hardware).peak_memory_bytes)
-    return planner(workload, hardware, budget_bytes)
+    if hardware.pinned_host_bytes is None:
+        return planner(workload, hardware, budget_bytes)
+    return _within_host_memory(workload, hardware, budget_bytes, planner(
+        workload, hardware.replace(pinned_host_bytes=None), budget_bytes))
+
+
+def _within_host_memory(workload: Workload, hardware: Hardware, budget_bytes: int, plan: Plan) -> Plan:
+    """The policy's plan made to fit the hardware's pinned host memory (memory/host.py), checked
+    against the budget; BudgetError when the swaps it had to give up make it too large."""
+    from ..errors import BudgetError, InfeasiblePlanError
+    from ..memory.host import fit_host_memory
+    from ..sim import simulate
+    from ..units import format_bytes
+
+    fitted = fit_host_memory(workload, hardware, plan)
+    if fitted is plan:
+        return plan
+    try:
+        simulate(workload, hardware, fitted, budget_bytes, check=False)
+    except InfeasiblePlanError as exc:
+        raise BudgetError(
+            f"{plan.policy} cannot fit {format_bytes(budget_bytes)} ({budget_bytes} bytes) of activations with at "
+            f"most {format_bytes(hardware.pinned_host_bytes)} of pinned host memory for swaps (recomputing instead "
+            f"needs {format_bytes(exc.needed_bytes)}): raise the budget or hardware.pinned_host_bytes",
+        ) from None
+    return fitted

@@ -41,13 +41,14 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ..errors import PlanMismatchError, RuntimeFallbackWarning, RuntimeMemoryError, StaleStepError
+from ..memory.host import HOST_SLOT_ALIGN_BYTES
 from ..plans import Action, Plan
 from ..schedule import first_use_step
 from ..workload import Workload
 from .mapping import ExecutionMap
 from .replay import TensorRef, output_sources, rng_state, set_rng_state
 
-_ALIGN = 64  # slot alignment in the host buffer (bytes)
+_ALIGN = HOST_SLOT_ALIGN_BYTES  # slot alignment in the host buffer (bytes); plans count the same
 
 
 @dataclass

@@ -380,12 +380,17 @@ def simulate(
     """Simulate one training step of ``workload`` on ``hardware`` under ``plan``.
 
     ``budget_bytes`` defaults to the plan's own budget; None on both means no limit.
-    Raises InfeasiblePlanError when the plan can never fit the budget. ``tensor_log``, when
+    Raises InfeasiblePlanError when the plan can never fit the budget, or swaps more than the
+    hardware's ``pinned_host_bytes`` (when set) to the host. ``tensor_log``, when
     given, receives ``(time_s, tensor, added)`` for every change of the saved tensors on the
     device, in order (slackswap.memory replays them through the allocator model).
     """
     if check:
         check_plan(workload, plan)
+    if hardware.pinned_host_bytes is not None:
+        from ..memory.host import check_host_memory
+
+        check_host_memory(workload, hardware, plan)
     if budget_bytes is None:
         budget_bytes = plan.budget_bytes
     sim = _Simulation(workload, hardware, plan, math.inf if budget_bytes is None else budget_bytes, tensor_log)
