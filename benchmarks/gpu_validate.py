@@ -121,10 +121,11 @@ class Run:
         }
 
     def save(self) -> None:
-        from gpu_validation.report import ratios, write_results
+        from gpu_validation.report import ratios, summarize, write_results
 
         for row in self.results["rows"]:
             row["ratios"] = ratios(row.get("measured"), row.get("predicted"))
+        self.results["summary"] = summarize(self.results["rows"])
         self.results["wall_time_s"] = time.perf_counter() - self.started
         write_results(self.results, self.out_dir)
 

@@ -118,17 +118,27 @@ def test_ratios_are_computed_from_the_recorded_numbers(dry_run):
                 continue
             assert r["ratios"][name] == pytest.approx(m / p, rel=1e-12)
             checked += 1
+        if r.get("measured"):
+            m = r["measured"]
+            assert m["host_per_device"] == pytest.approx(m["host_time_s"] / m["step_time_s"], rel=1e-12)
         if r["ratios"]["step_time"] is not None:
             assert f"| {r['ratios']['step_time']:.3f}x |" in lines[r["name"]]
     assert checked >= 9 * 4  # step time, held peak, D2H, H2D of every plan that ran
+    runtime = results["summary"]["runtime"]
+    ran = [r for r in results["rows"] if r["method"] == "runtime" and r["status"] == "ok"]
+    assert runtime["ran"] == len(ran) and runtime["bit_identical"] == len(ran)
+    steps = [r["ratios"]["step_time"] for r in ran]
+    assert runtime["step_time"] == {"min": min(steps), "max": max(steps)}
+    plain = results["rows"][0]["ratios"]["step_time"]
+    assert f"| step time | {plain:.3f}x | {min(steps):.3f}x - {max(steps):.3f}x |" in md
 
 
 @pytest.mark.slow  # shares one dry run of about 10 s
 def test_markdown_figures_carry_units(dry_run):
     _, results, md = dry_run
-    text_columns = {"configuration", "status", "method", "field", "direction", "bf16 GEMM (batch x m x k x n)"}
-    figure = re.compile(r"^(n/a|yes|no|-?\d+(\.\d+)?(e[-+]?\d+)? ?(B|KiB|MiB|GiB|TiB|us|ms|s|GB/s|GFLOP/s|TFLOP/s|%|x"
-                        r"|per step|\(abs\)))$")
+    text_columns = {"configuration", "status", "method", "field", "direction", "bf16 GEMM (batch x m x k x n)", "quantity"}
+    one = (r"(-?\d+(\.\d+)?(e[-+]?\d+)? ?(B|KiB|MiB|GiB|TiB|us|ms|s|GB/s|GFLOP/s|TFLOP/s|%|x|per step|\(abs\)))")
+    figure = re.compile(rf"^(n/a|yes|no|{one}|{one} - {one})$")  # a figure, or a range of two
     header, cells = None, 0
     for line in md.splitlines():
         if not line.startswith("|"):
@@ -213,8 +223,8 @@ def test_budget_half_runs_first():
 
 @pytest.mark.slow  # a second, shorter dry run
 def test_past_the_time_limit_rows_are_skipped_and_the_files_still_complete(tmp_path):
-    result = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--out", str(tmp_path), "--time-limit-s", "0",
-                             "--policies", "slackswap", "--budgets", "0.5"], capture_output=True, text=True, timeout=600)
+    argv = ["--dry-run", "--out", str(tmp_path), "--time-limit-s", "0", "--policies", "slackswap", "--budgets", "0.5"]
+    result = subprocess.run([sys.executable, str(SCRIPT), *argv], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     results = json.loads((tmp_path / "gpu-cpu.json").read_text())
     rows = {r["name"]: r for r in results["rows"]}

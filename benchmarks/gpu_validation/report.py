@@ -32,6 +32,23 @@ def ratios(measured: dict | None, predicted: dict | None) -> dict:
     return out
 
 
+def summarize(rows: list[dict]) -> dict:
+    """Per path (runtime, compiled): over the plan rows that ran, the range of each ratio, and how
+    many gave gradients bit-identical to plain training's with deterministic algorithms."""
+    out = {}
+    for path in ("runtime", "compiled"):
+        ran = [r for r in rows if r["group"] == "plan" and r["method"] == path and r["status"] == "ok"]
+        entry = {"configurations": len([r for r in rows if r["group"] == "plan" and r["method"] == path]),
+                 "ran": len(ran),
+                 "bit_identical": sum(bool(r["measured"].get("grads_bit_identical_deterministic")) for r in ran),
+                 "late_prefetches_per_step": sum(r["measured"].get("late_prefetches") or 0 for r in ran)}
+        for name, _, _ in RATIOS:
+            values = [r["ratios"][name] for r in ran if r["ratios"].get(name) is not None]
+            entry[name] = {"min": min(values), "max": max(values)} if values else None
+        out[path] = entry
+    return out
+
+
 def results_paths(out_dir: Path, slug: str) -> dict[str, Path]:
     return {"markdown": out_dir / f"gpu-{slug}.md", "json": out_dir / f"gpu-{slug}.json",
             "hardware": out_dir / f"{slug}-measured.json"}
@@ -106,8 +123,8 @@ def _link_section(r: dict) -> list[str]:
     out += ["", f"Both directions at once ({b(d['size_bytes'])} copies; each direction timed while the other "
             "runs three times as many copies on another stream):", ""]
     out += table(["direction", "alone", "while the other direction copies", "duplex factor"],
-                 [["H2D", rate(d["h2d_alone_bytes_per_s"]), rate(d["h2d_with_d2h_bytes_per_s"]), ratio(d["h2d_factor"])],
-                  ["D2H", rate(d["d2h_alone_bytes_per_s"]), rate(d["d2h_with_h2d_bytes_per_s"]), ratio(d["d2h_factor"])]])
+                 [[name, rate(d[f"{key}_alone_bytes_per_s"]), rate(d[f"{key}_with_{other}_bytes_per_s"]),
+                   ratio(d[f"{key}_factor"])] for name, key, other in (("H2D", "h2d", "d2h"), ("D2H", "d2h", "h2d"))])
     out += ["", f"Per-copy latency (smallest copy's time minus its bytes at the largest copy's rate, mean of "
             f"both directions): {s(link['copy_latency_s'])}.", ""]
     c = r["compute"]
@@ -155,19 +172,23 @@ def _step_section(r: dict) -> list[str]:
     out += ["Step time (measured: device time from the step's first to its last kernel, CUDA events on a GPU; "
             "host: Python time to issue the step):", ""]
     out += table(["configuration", "status", "measured", "simulated", "measured / simulated", "host time",
-                  "planning time"],
+                  "host / device", "planning time"],
                  [[x["name"], _row_status(x), s(_get(x, "measured", "step_time_s")),
                    s(_get(x, "predicted", "step_time_s")), ratio(x["ratios"].get("step_time")),
-                   s(_get(x, "measured", "host_time_s")), s(x.get("planning_time_s"))] for x in rows])
+                   s(_get(x, "measured", "host_time_s")), ratio(_get(x, "measured", "host_per_device")),
+                   s(x.get("planning_time_s"))] for x in rows])
     out += ["", "Memory (step peak: torch.cuda.max_memory_allocated during the step minus what was allocated before "
-            "it, against the simulated activation peak; held by the runtime: the saved bytes the runtime's swap manager held on the device at most, by its own count; allocated and reserved: absolute peaks against the "
+            "it, against the simulated activation peak; held by the runtime: the saved bytes the runtime's swap "
+            "manager held on the device at most, by its own count; allocated and reserved: absolute peaks against the "
             "simulator's allocated/reserved predictions where it makes them):", ""]
     out += table(["configuration", "budget", "activation peak predicted", "held by the runtime", "ratio",
-                  "step peak", "ratio", "max allocated", "allocated predicted", "ratio", "max reserved", "reserved predicted",
+                  "step peak", "ratio", "max allocated", "allocated predicted", "ratio", "max reserved",
+                  "reserved predicted",
                   "ratio"],
                  [[x["name"], b(x.get("budget_bytes")), b(_get(x, "predicted", "activation_peak_bytes")),
                    b(_get(x, "measured", "manager_peak_saved_bytes")), ratio(x["ratios"].get("held_peak")),
-                   b(_get(x, "measured", "step_peak_bytes")), ratio(x["ratios"].get("activation_peak")), b(_get(x, "measured", "max_allocated_bytes")),
+                   b(_get(x, "measured", "step_peak_bytes")), ratio(x["ratios"].get("activation_peak")),
+                   b(_get(x, "measured", "max_allocated_bytes")),
                    b(_get(x, "predicted", "allocated_peak_bytes")), ratio(x["ratios"].get("allocated_peak")),
                    b(_get(x, "measured", "max_reserved_bytes")), b(_get(x, "predicted", "reserved_peak_bytes")),
                    ratio(x["ratios"].get("reserved_peak"))] for x in rows])
@@ -185,13 +206,37 @@ def _step_section(r: dict) -> list[str]:
 def _peer_section(r: dict) -> list[str]:
     rows = [x for x in r["rows"] if x["group"] in ("reference", "peer")]
     plain = next((_get(x, "measured", "step_time_s") for x in rows if x["group"] == "reference"), None)
-    out = ["## 3. Peers in the same run", "", "Same model, batch and seed; the figures are also in the tables above.", ""]
+    out = ["## 3. Peers in the same run", "",
+           "Same model, batch and seed; the figures are also in the tables above.", ""]
     out += table(["method", "status", "step time", "vs plain", "step peak", "max allocated", "max reserved"],
                  [[x["name"], _row_status(x), s(_get(x, "measured", "step_time_s")),
                    ratio(_get(x, "measured", "step_time_s") / plain if plain and _get(x, "measured", "step_time_s")
                          else None),
                    b(_get(x, "measured", "step_peak_bytes")), b(_get(x, "measured", "max_allocated_bytes")),
                    b(_get(x, "measured", "max_reserved_bytes"))] for x in rows])
+    return out + [""]
+
+
+def _summary_section(r: dict) -> list[str]:
+    plain = next((x for x in r["rows"] if x["group"] == "reference"), None)
+    out = ["## Summary", "",
+           "Measured / simulated over the plans that ran (min-max); plain training on its own line.", ""]
+    label = {"step_time": "step time", "activation_peak": "step peak / activation peak",
+             "held_peak": "held by the runtime / activation peak", "allocated_peak": "max allocated / predicted",
+             "reserved_peak": "max reserved / predicted", "d2h_bytes": "D2H bytes", "h2d_bytes": "H2D bytes"}
+    rows = []
+    for name, _, _ in RATIOS:
+        cells = [label[name], ratio((plain or {}).get("ratios", {}).get(name))]
+        for path in ("runtime", "compiled"):
+            span = r["summary"][path][name]
+            cells.append("n/a" if span is None else f"{ratio(span['min'])} - {ratio(span['max'])}")
+        rows.append(cells)
+    out += table(["quantity", "plain training", "plans, runtime", "plans, compiled"], rows)
+    for path in ("runtime", "compiled"):
+        e = r["summary"][path]
+        out += ["", f"{path}: {e['ran']} of {e['configurations']} configurations ran; {e['bit_identical']} of "
+                f"{e['ran']} with gradients bit-identical to plain training's (deterministic algorithms); "
+                f"{e['late_prefetches_per_step']:g} late prefetches per step in all."]
     return out + [""]
 
 
@@ -207,6 +252,8 @@ def render_markdown(r: dict) -> str:
     out += [f"`benchmarks/gpu_validate.py` ({' '.join(r['argv']) or 'defaults'}), started {r['started_utc']}, "
             f"torch {d['torch']}" + (f", CUDA {d['cuda']}" if d.get("cuda") else "")
             + f"; wall time {s(r.get('wall_time_s'))}. Machine-readable: `gpu-{d['slug']}.json`.", ""]
+    if r.get("summary"):
+        out += _summary_section(r)
     if r.get("link") and r.get("compute") and r.get("hardware"):
         out += _link_section(r)
     if r.get("model"):

@@ -63,11 +63,14 @@ class Measured:
         return None if any(v is None for v in values) else max(values)
 
     def to_dict(self) -> dict:
+        step_s = statistics.median(s.device_s for s in self.samples)
+        host_s = statistics.median(s.host_s for s in self.samples)
         return {
             "steps": len(self.samples),
-            "step_time_s": statistics.median(s.device_s for s in self.samples),
+            "step_time_s": step_s,
             "step_time_min_s": min(s.device_s for s in self.samples),
-            "host_time_s": statistics.median(s.host_s for s in self.samples),
+            "host_time_s": host_s,
+            "host_per_device": host_s / step_s,
             "step_peak_bytes": self._max("step_peak_bytes"),
             "max_allocated_bytes": self._max("max_allocated_bytes"),
             "max_reserved_bytes": self._max("max_reserved_bytes"),
