@@ -1,11 +1,19 @@
-"""Planning time per policy per model, every policy's throughput on the 0.05 budget grid, and the
-check that `slackswap` is never below another heuristic there.
+"""Planning time per policy per model, every policy's throughput on the 0.05 budget grid, the
+check that `slackswap` is never below another heuristic there, and `slackswap`'s planning speed
+side by side with a previous version.
 
 Run: .venv/bin/python benchmarks/bench_planners.py [--repeats 3] [--out benchmarks/results/planners.md]
-Prints medians; writes a Markdown results table. Speed targets live here, not in the tests:
-`slackswap` must plan llama-7b in under one second (reported at 50% and as the worst cell of the
-grid). `optimal` is run at OPTIMAL_BUDGETS only (seconds per solve); its MILP objective, dual
-bound, simulated result and solve time are reported beside slackswap.
+     .venv/bin/python benchmarks/bench_planners.py --speed-only [--previous COMMIT]
+Prints medians; writes Markdown results tables. Speed targets live here, not in the tests.
+
+Speed (``--speed-only`` runs only this, into benchmarks/results/planning-speed.md): the previous
+version is exported from git (``git archive COMMIT src``) and both versions plan the same
+workloads in child processes, alternating, a fresh process per run (process-internal wall time
+of ``plan_workload``, the workload built before the clock starts); medians. Targets (issue 17):
+llama-7b at 50 % in at most 0.2 s and at most n log n growth in the layer count (gpt2-xl at 192
+layers within 5x its 48-layer time), measured over 12-1,024 layers. `optimal` is run at
+OPTIMAL_BUDGETS only (seconds per solve); its MILP objective, dual bound, simulated result and
+solve time are reported beside slackswap.
 """
 
 from __future__ import annotations
@@ -17,7 +25,10 @@ import platform
 import statistics
 import subprocess
 import sys
+import tarfile
+import tempfile
 import time
+from pathlib import Path
 
 from slackswap._fields import write_text_atomic
 from slackswap.experiments.sweep import run_sweep
@@ -126,6 +137,113 @@ def repeatability(models=("bert-large", "gpt2-xl"), fraction: float = 0.5) -> li
     return out
 
 
+PREVIOUS = "36b472d"  # the version before the search object and the speed work (issue 17)
+SPEED_CASES = [("llama-7b", None), ("bert-large", None), ("gpt2-xl", None)]
+SCALING_LAYERS = [12, 24, 48, 96, 192, 384, 768, 1024]
+STOP_AFTER_SECONDS = 60.0  # a version is not run on longer models once one of its runs takes this long
+
+_TIME_IN_A_PROCESS = """
+import json, sys, time
+from slackswap.hardware import PRESETS
+from slackswap.planners import plan_workload
+from slackswap.sim import simulate_ideal
+from slackswap.workloads.models import build_model_workload
+hw = PRESETS[sys.argv[1]]
+layers = int(sys.argv[3])
+w = build_model_workload(sys.argv[2], hw, **({"layers": layers} if layers else {}))
+budget = int(float(sys.argv[4]) * simulate_ideal(w, hw).peak_memory_bytes)
+w = build_model_workload(sys.argv[2], hw, **({"layers": layers} if layers else {}))  # no cache carried over
+started, started_cpu = time.perf_counter(), time.process_time()
+plan = plan_workload(w, hw, budget, "slackswap")
+elapsed, elapsed_cpu = time.perf_counter() - started, time.process_time() - started_cpu
+actions = [plan.actions[t.name].value for t in w.saved_tensors]
+print(json.dumps({"seconds": elapsed, "cpu_seconds": elapsed_cpu, "ops": len(w.ops), "actions": actions,
+                  "step_s": plan.info.get("predicted_step_time_s")}))
+"""
+
+
+def export_version(commit: str, into: Path) -> Path:
+    """``src`` of ``commit`` extracted under ``into`` (the repository is this file's parent's parent)."""
+    repo = Path(__file__).resolve().parent.parent
+    archive = subprocess.run(["git", "-C", str(repo), "archive", "--format=tar", commit, "src"],
+                             capture_output=True, check=True).stdout
+    with tarfile.open(fileobj=__import__("io").BytesIO(archive)) as tar:
+        tar.extractall(into, filter="data")
+    return into / "src"
+
+
+def time_in_process(src: Path, model: str, layers: int | None, fraction: float) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(src), PYTHONHASHSEED="0")
+    result = subprocess.run([sys.executable, "-c", _TIME_IN_A_PROCESS, HARDWARE, model, str(layers or 0),
+                             str(fraction)], capture_output=True, text=True, env=env, check=True)
+    return json.loads(result.stdout)
+
+
+def speed_side_by_side(previous: str, repeats: int, fraction: float = 0.5) -> dict:
+    """Both versions on SPEED_CASES (``repeats`` runs each) and the gpt2-xl scaling series (one run
+    each, a version stopped once a run takes STOP_AFTER_SECONDS), alternating; medians. Also
+    whether the two versions' plans are identical (actions per saved tensor)."""
+    sources = {"current": Path(__file__).resolve().parent.parent / "src"}
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        sources["previous"] = export_version(previous, Path(tmp))
+        stopped: set[str] = set()
+        for model, layers in SPEED_CASES + [("gpt2-xl", layers) for layers in SCALING_LAYERS]:
+            runs: dict[str, list[dict]] = {"previous": [], "current": []}
+            for _ in range(repeats if layers is None else 1):
+                for version in ("previous", "current"):
+                    if version not in stopped:
+                        runs[version].append(time_in_process(sources[version], model, layers, fraction))
+            row: dict = {"model": model, "layers": layers}
+            for version, done in runs.items():
+                if done:
+                    row["ops"] = done[0]["ops"]
+                    row[f"{version}_s"] = statistics.median(r["seconds"] for r in done)
+                    row[f"{version}_cpu_s"] = statistics.median(r["cpu_seconds"] for r in done)
+                    if layers is not None and max(r["seconds"] for r in done) > STOP_AFTER_SECONDS:
+                        stopped.add(version)
+            if runs["previous"] and runs["current"]:
+                row["same_plan"] = runs["previous"][0]["actions"] == runs["current"][0]["actions"]
+            if "ops" in row:
+                rows.append(row)
+            print(f"speed {model} layers={layers}: {row}")
+    return {"previous": previous, "repeats": repeats, "fraction": fraction, "rows": rows}
+
+
+def speed_markdown(speed: dict) -> str:
+    rows = speed["rows"]
+    lines = ["# Planning speed: `slackswap`, this version against a previous one", "",
+             f"Hardware preset {HARDWARE}, budget {speed['fraction']:.0%} of each workload's unconstrained "
+             f"activation peak. Machine: {platform.processor() or platform.machine()}, Python "
+             f"{platform.python_version()}, 2 cores shared with other jobs, so absolute times vary with the "
+             "load; the two versions alternate, so their ratio is measured under the same load. Produced by "
+             "`benchmarks/bench_planners.py --speed-only`: each version in a fresh process per run; "
+             "process-internal time of `plan_workload` (its budget check included, the workload built "
+             f"before the clock starts), wall and CPU; median of {speed['repeats']} runs for the built-in "
+             f"models, one run per layer count for the gpt2-xl series (a version is not run on longer "
+             f"models once a run takes over {STOP_AFTER_SECONDS:.0f} s). Previous version: commit "
+             f"{speed['previous']}.", "",
+             "| workload | ops | previous, wall | this version, wall | previous, CPU | this version, CPU | "
+             "speed-up (CPU) | same plan |", "|---|---:|---:|---:|---:|---:|---:|---|"]
+
+    def cell(row, key):
+        return f"{row[key]:.3f} s" if key in row else "not run"
+
+    for r in rows:
+        name = r["model"] if r["layers"] is None else f"{r['model']} L{r['layers']}"
+        ratio = f"{r['previous_cpu_s'] / r['current_cpu_s']:.2f}x" if "previous_cpu_s" in r and "current_cpu_s" in r else ""
+        same = {True: "yes", False: "no"}.get(r.get("same_plan"), "")
+        lines.append(f"| {name} | {r['ops']} | {cell(r, 'previous_s')} | {cell(r, 'current_s')} | "
+                     f"{cell(r, 'previous_cpu_s')} | {cell(r, 'current_cpu_s')} | {ratio} | {same} |")
+    scaling = {r["layers"]: r for r in rows if r["layers"] is not None}
+    for version, label in (("previous", "Previous version"), ("current", "This version")):
+        key = f"{version}_cpu_s"
+        if key in scaling.get(48, {}) and key in scaling.get(192, {}):
+            lines += ["", f"{label}: gpt2-xl at 192 layers takes {scaling[192][key] / scaling[48][key]:.2f}x "
+                      "its 48-layer CPU time (target: at most 5x; n log n would be 4.7x)."]
+    return "\n".join(lines) + "\n"
+
+
 def dominance(tables) -> list[str]:
     """Cells where slackswap is below another heuristic (should be none)."""
     losses = []
@@ -194,7 +312,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default="benchmarks/results/planners.md")
+    parser.add_argument("--speed-only", action="store_true", help="only the side-by-side planning speed")
+    parser.add_argument("--previous", default=PREVIOUS, help="commit of the previous version (default %(default)s)")
+    parser.add_argument("--speed-out", default="benchmarks/results/planning-speed.md")
     args = parser.parse_args()
+    speed = speed_side_by_side(args.previous, args.repeats)
+    write_text_atomic(args.speed_out, speed_markdown(speed))
+    print(f"wrote {args.speed_out}")
+    if args.speed_only:
+        return
     medians = time_planning(args.repeats)
     tables = throughput_tables()
     details = optimal_details()

@@ -6,6 +6,7 @@ hardware, so every planner shares one definition and a loaded plan can be checke
 
 from __future__ import annotations
 
+import bisect
 from typing import Any, Mapping
 
 from .errors import ValidationError
@@ -177,9 +178,9 @@ def prefetch_alap(
         use = first_use[name]
         must_end = min(starts[use], next_copy_start)
         must_start = must_end - h2d_copy_time_s(hardware, workload.tensor_by_name[name].size_bytes) - lead_s
-        step = use
-        while step > 0 and starts[step] > must_start:
-            step -= 1
+        # The latest step at or before its use that starts no later than must_start (step 0 if
+        # none): starts never decrease, so a bisection finds it (a scan back was quadratic).
+        step = max(0, bisect.bisect_right(starts, must_start, 0, use + 1) - 1)
         result[name] = step
         # Issued at that step's start, the copy may begin as early as starts[step]; the copy
         # before it on the stream must be done by then so as not to delay it.

@@ -104,6 +104,46 @@ class Facts:
         starts = self.step_starts_s
         return {name: starts[first_use_step(self.workload, name)] for name in self.candidates}
 
+    @cached_property
+    def first_bwd_read_index(self) -> dict[str, int]:
+        """Op index of the first backward reader of each candidate (the largest index: backward
+        runs the ops in reverse)."""
+        index = self.workload.op_index
+        return {n: max(index[r] for r in self.workload.tensor_by_name[n].bwd_readers) for n in self.candidates}
+
+    @cached_property
+    def held_whatever_bytes(self) -> tuple[int, ...]:
+        """Bytes on the device when backward op k runs (k = len(ops): when forward ends), whatever
+        the plan: the step's inputs and every tensor with a backward reader at or after k and one
+        at or before k (copied back or rebuilt before its first reader, freed after its last)."""
+        w = self.workload
+        delta = [0] * (len(w.ops) + 2)
+        for name in self.candidates:
+            readers = [w.op_index[r] for r in w.tensor_by_name[name].bwd_readers]
+            delta[min(readers)] += self.size[name]
+            delta[max(readers) + 1] -= self.size[name]
+        held, running = [], self.input_bytes
+        for k in range(len(w.ops) + 1):
+            running += delta[k]
+            held.append(running)
+        return tuple(held)
+
+    def peak_floor_bytes(self, kept: Iterable[str]) -> int:
+        """A lower bound on the simulated peak of any plan that keeps ``kept`` (and does anything
+        with the rest): held_whatever_bytes plus every kept tensor none of whose backward readers
+        has run. A plan whose floor is over its budget cannot run within it."""
+        held = self.held_whatever_bytes
+        delta = [0] * (len(held) + 1)
+        first = self.first_bwd_read_index
+        for name in kept:
+            delta[first[name] + 1] += self.size[name]
+        best = running = 0
+        for k, base in enumerate(held):
+            running += delta[k]
+            if base + running > best:
+                best = base + running
+        return best
+
     def recompute_time_s(self, names: Iterable[str]) -> float:
         """Forward time re-run to rebuild ``names``, each op counted once."""
         ops: set[int] = set()
@@ -127,9 +167,10 @@ def facts_for(workload: Workload) -> Facts:
 
 @dataclass(frozen=True)
 class Candidate:
-    """A plan and its simulated timeline (None when the plan cannot fit its budget)."""
+    """A plan and its simulated timeline (None when the plan cannot fit its budget). The plan is
+    None only when a search skipped building it: its memory floor was over the budget."""
 
-    plan: Plan
+    plan: Plan | None
     timeline: Timeline | None
 
     @property

@@ -54,7 +54,7 @@ class Bounds:
 
     def __init__(self, workload: Workload, hardware: Hardware) -> None:
         w = workload
-        facts = facts_for(w)
+        facts = self.facts = facts_for(w)
         self.ideal_s = w.ideal_step_time_s
         self.fwd_s = {op.name: op.fwd_time_s for op in w.ops}
         self.producer = {n: w.tensor_by_name[n].producer for n in facts.candidates}
@@ -71,13 +71,9 @@ class Bounds:
             self.tail_s[name] = bwd_through[max(readers)]
             self.out_s[name] = hardware.copy_latency_s + tensor.size_bytes / hardware.d2h_bytes_per_s
             self.in_s[name] = hardware.copy_latency_s + tensor.size_bytes / hardware.h2d_bytes_per_s
-        # Bytes on the device when backward op k runs (k = len(ops): when forward ends) from every
-        # tensor whose backward readers span k, whatever its action (copied back or rebuilt before
-        # its first reader, freed after its last); kept tensors add to this (add_kept).
-        self.held = [facts.input_bytes] * (len(w.ops) + 1)
-        for name in facts.candidates:
-            for k in range(self.first_read[name], self.last_read[name] + 1):
-                self.held[k] += facts.size[name]
+        # Bytes on the device when backward op k runs whatever the assignment (Facts); kept tensors
+        # add to this (peak_bytes, and branch_and_bound in place).
+        self.held = list(facts.held_whatever_bytes)
 
     def step_time_s(self, recomputed: list[str], swapped: list[str]) -> float:
         rerun = sorted({self.producer[n] for n in recomputed})
@@ -92,11 +88,7 @@ class Bounds:
 
     def peak_bytes(self, kept: list[str], size: dict[str, int]) -> int:
         """A lower bound on the peak of any plan that keeps ``kept``."""
-        held = list(self.held)
-        for name in kept:
-            for k in range(self.last_read[name] + 1, len(held)):
-                held[k] += size[name]
-        return max(held)
+        return self.facts.peak_floor_bytes(kept)
 
 
 def one_stream_bound(jobs: list[tuple[float, float, float]]) -> float:

@@ -7,7 +7,10 @@ share) makes one ``Search`` per call and hands it to every step: ``selection.fit
 - the inputs: workload, hardware, budget and the policy name written into every plan;
 - the workload's facts (common.Facts, computed once per workload);
 - the memo: a plan already simulated under the same limit is not simulated again (one dict
-  per call, so one workload and one link);
+  per call, so one workload and one link), and a plan whose memory floor (a lower bound on
+  its peak whatever the schedule, Facts.peak_floor_bytes) is over the budget is not simulated
+  at all: it cannot fit. Evaluations answered either way still count as tried, so the caps of
+  the search steps, and so the plans, do not depend on them;
 - the counters that `slackswap` reports in its plan's info: simulations asked for by the
   targeted steps (sizing is not counted, as before the search object), the wide search's
   allowance and what is left of it, and the exact search's simulations.
@@ -15,6 +18,7 @@ share) makes one ``Search`` per call and hands it to every step: ``selection.fit
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -39,6 +43,8 @@ class Search:
     """Simulations the wide search may spend beyond the targeted ones (0: the wide search is off)."""
     wide_left: int = 0
     """What is left of ``wide_allowance``; repairs and enumerations draw on it."""
+    skipped_simulations: int = 0
+    """Evaluations answered without the simulator: the plan's memory floor is over the budget."""
 
     def __post_init__(self) -> None:
         self.facts = facts_for(self.workload)
@@ -50,11 +56,35 @@ class Search:
                      prefetch_step=prefetch_step, info=info)
 
     def evaluate(self, plan: Plan, *, unlimited: bool = False) -> Candidate:
-        """``plan`` simulated under the budget (or with no memory limit), memoized."""
+        """``plan`` simulated under the budget (or with no memory limit), memoized. Under the
+        budget, a plan whose memory floor (Facts.peak_floor_bytes) is over it is not simulated:
+        the simulator would find it infeasible."""
+        if not unlimited and self._over_floor(plan.actions):
+            self.skipped_simulations += 1
+            return Candidate(plan, None)
+        if not any(a is Action.SWAP for a in plan.actions.values()):
+            # Without copies nothing frees memory while compute waits: the run under the budget is
+            # the unlimited run when that peaks within it, and infeasible otherwise. One
+            # simulation answers both limits.
+            free = evaluate(self.workload, self.hardware, plan, math.inf, self.memo)
+            if unlimited:
+                return free
+            if free.timeline.peak_memory_bytes > self.budget_bytes:
+                return Candidate(plan, None)
+            return Candidate(plan, dataclasses.replace(free.timeline, budget_bytes=self.budget_bytes))
         return evaluate(self.workload, self.hardware, plan, math.inf if unlimited else self.budget_bytes, self.memo)
 
     def try_actions(self, actions: Mapping[str, Action], *, unlimited: bool = False) -> Candidate:
+        """``actions`` (unnamed tensors kept) as a plan, evaluated; under the budget, when their
+        memory floor is over it, neither planned nor simulated (the candidate's plan is None)."""
+        if not unlimited and self._over_floor(actions):
+            self.skipped_simulations += 1
+            return Candidate(None, None)
         return self.evaluate(self.plan(actions), unlimited=unlimited)
+
+    def _over_floor(self, actions: Mapping[str, Action]) -> bool:
+        kept = [n for n in self.facts.candidates if actions.get(n, Action.KEEP) is Action.KEEP]
+        return self.facts.peak_floor_bytes(kept) > self.budget_bytes
 
     @property
     def simulations(self) -> int:

@@ -56,7 +56,8 @@ WIDE_SEARCH_OP_SIMULATIONS = 4000
 SIZING_ROUNDS = 14
 
 
-def windowed_swaps(facts: Facts, hardware: Hardware, ranked: list[str], *, spill: bool = False) -> list[str]:
+def windowed_swaps(facts: Facts, hardware: Hardware, ranked: list[str], *, spill: bool = False,
+                   strict: list[str] | None = None) -> list[str]:
     """Rules 3-4: tensors in ``ranked`` order whose copies fit their windows, in the order they
     were accepted. A plan that needs fewer bytes off takes a prefix of this list (the greedy
     would have stopped there), so it is computed once per plan.
@@ -65,10 +66,12 @@ def windowed_swaps(facts: Facts, hardware: Hardware, ranked: list[str], *, spill
     peak). With ``spill``, a second pass appends the tensors whose copies out may run into
     backward as long as every copy back still lands before its first use: such a tensor
     leaves the device after the peak has passed, which backward's own frees may absorb (the
-    simulator decides), so they come after every strict swap."""
-    booking = WindowBooking(facts, hardware)
-    swapped: list[str] = []
-    for deadline in (facts.forward_time_s, None) if spill else (facts.forward_time_s,):
+    simulator decides), so they come after every strict swap. ``strict``: the first pass's result
+    for the same ``ranked`` list, when already known (the value and value+spill orders share it)."""
+    booking = WindowBooking(facts, hardware, strict or ())
+    swapped: list[str] = list(strict or ())
+    passes = (facts.forward_time_s, None) if spill else (facts.forward_time_s,)
+    for deadline in passes[1:] if strict is not None else passes:
         taken = set(swapped)
         for name in ranked:
             if name not in taken and booking.fits(name, out_deadline_s=deadline):
@@ -255,7 +258,7 @@ def fit_fewer_swaps(search: Search, accepted: list[str], make_family, *, tries: 
 def everything_swapped(search: Search) -> Candidate:
     """The lowest-memory plan: every candidate swapped (copied back just in time when the
     link-timed schedule does not fit); it fits every budget down to the minimum."""
-    swap_all = search.try_actions(actions_for(swap=search.facts.candidates))
+    swap_all = search.evaluate(search.plan(actions_for(swap=search.facts.candidates)))
     if not swap_all.fits:
         from .minimum import lowest_memory_plan
 
@@ -273,9 +276,13 @@ def sized_starts(search: Search, floor: Candidate | None) -> list[tuple[Candidat
     start_order = "recompute" if floor is not None else ""
     others: list[tuple[Candidate, str]] = []
     orders = swap_orders(facts)
+    strict_value = windowed_swaps(facts, search.hardware, orders["value"])
     for label, ranked, spill in (("value", orders["value"], False), ("value+spill", orders["value"], True),
                                  ("early", orders["early"], False)):
-        accepted = windowed_swaps(facts, search.hardware, ranked, spill=spill)
+        if ranked is orders["value"]:
+            accepted = windowed_swaps(facts, search.hardware, ranked, spill=spill, strict=strict_value)
+        else:
+            accepted = windowed_swaps(facts, search.hardware, ranked, spill=spill)
         found = size(search, family(search, accepted))
         sized = [found] if found is not None else fit_fewer_swaps(search, accepted, lambda a: family(search, a))
         for found in sized:
