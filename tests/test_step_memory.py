@@ -80,3 +80,15 @@ def test_builtin_models_replay_consistently(model):
         assert stats.reserved_peak_bytes >= stats.allocated_peak_bytes >= stats.requested_peak_bytes
         expandable = device_memory(w, A100, plan, states=states, expandable_segments=True)[1]
         assert expandable.allocator.requested_peak_bytes == stats.requested_peak_bytes
+
+
+def test_a_gradient_that_lives_for_no_time_is_allocated_before_it_is_freed():
+    # Profiled ops without a backward (a dropout mask's bernoulli_ and div_) take 0 s. chain(3) with
+    # Bw2 and Bw1 of 0 s: F0 [0,1] F1 [1,2] F2 [2,3], Bw2 [3,3], Bw1 [3,3], Bw0 [3,5]. grad(a1) is
+    # allocated when Bw2 starts (3) and freed when Bw1 ends (3): it must be allocated, then freed.
+    # At 3 the forward's transient a2 and the saved a1 and a0 are freed first (their readers' backward
+    # ends at 3); x (1 B), grad(a1) (200 B) and grad(a0) (100 B, until 5) are then live: 301 B.
+    w = chain(3, size_bytes=[100, 200, 50], bwd_time_s=[2.0, 0.0, 0.0])
+    plan = make_plan(w, {}, policy="keep", budget_bytes=None)
+    _, memory = device_memory(w, A100, plan)
+    assert memory.allocator.requested_peak_bytes == CUBLAS_WORKSPACE_BYTES + 351  # the forward's x+a0+a1+a2

@@ -113,9 +113,19 @@ def step_allocations(
     timed: list[tuple[float, int, int, Allocation]] = []
     seq = 0
 
+    opened: dict[str, float] = {}
+
     def add(time_s: float, alloc: Allocation) -> None:
+        # Frees come before allocations at the same instant, except the free of something allocated
+        # at that very instant (a zero-length span: profiled ops without a backward take 0 s), which
+        # comes after them.
         nonlocal seq
-        timed.append((time_s, 0 if alloc.kind == "free" else 1, seq, alloc))
+        if alloc.kind == "free":
+            rank = 2 if time_s <= opened.get(alloc.key, float("-inf")) else 0
+        else:
+            opened[alloc.key] = time_s
+            rank = 1
+        timed.append((time_s, rank, seq, alloc))
         seq += 1
 
     start: list[Allocation] = []
