@@ -197,7 +197,7 @@ def test_copy_latency_is_the_intercept_of_latency_plus_bytes_over_bandwidth():
 def test_ratios_slug_and_datasheets():
     r = ratios({"step_time_s": 3.0, "d2h_bytes": 5}, {"step_time_s": 2.0, "d2h_bytes": 0})
     assert r["step_time"] == 1.5 and r["d2h_bytes"] is None and r["reserved_peak"] is None
-    assert device_slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
+    assert device_slug("NVIDIA H100 80GB HBM3") == "h100-80gb-hbm3" and device_slug("cpu") == "cpu"
     assert datasheet_for("NVIDIA H100 PCIe")[0] == 756e12 and datasheet_for("NVIDIA H100 80GB HBM3")[0] == 989e12
     assert datasheet_for("NVIDIA H200")[1] == 4800e9 and datasheet_for("some new GPU") is None
     assert not any(math.isnan(x) for x in r.values() if x is not None)

@@ -14,8 +14,10 @@ import torch
 
 
 def device_slug(name: str) -> str:
-    """'NVIDIA H200' -> 'nvidia-h200': a file-name-safe label for the results files."""
-    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "device"
+    """'NVIDIA H200' -> 'h200': a file-name-safe label for the results files and the measured
+    hardware's name (the vendor left out, so names read like slackswap's presets: 'h200-measured')."""
+    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+    return slug.removeprefix("nvidia-") or "device"
 
 
 class Device:
