@@ -5,9 +5,9 @@
   everything.
 - torch.compile: the wrapper is looked through; under the runtime the model runs eagerly (Dynamo
   skips frames while a TorchDispatchMode is active), which one RuntimeFallbackWarning says.
-- FSDP2 (fully_shard), FSDP1, DTensor parameters, multi-GPU DataParallel and CUDA graph capture
-  raise UnsupportedModelError, one line naming the wrapper and the fix, before anything runs;
-  on the CLI that is exit code 2.
+- FSDP1, DTensor parameters no fully_shard unit manages, multi-GPU DataParallel and CUDA graph
+  capture raise UnsupportedModelError, one line naming the wrapper and the fix, before anything
+  runs; on the CLI that is exit code 2. FSDP2 (fully_shard) is supported: test_runtime_fsdp.py.
 """
 
 from __future__ import annotations
@@ -134,26 +134,7 @@ def test_single_device_data_parallel_is_looked_through_and_multi_gpu_refused():
         slackswap.apply(wrapped, every(workload, "swap"))
 
 
-# ---- FSDP and DTensor: refused ---------------------------------------------------------------------
-
-def test_fully_shard_model_is_refused_by_profile_and_apply(process_group):
-    from torch.distributed.fsdp import fully_shard
-
-    model = make_example("gpt2")
-    batch = make_batch(seed=0)
-    workload = profile_model(model, batch, loss_fn, repeats=1)
-    plan = every(workload, "swap")
-    sharded = fully_shard(copy.deepcopy(model))
-    for call in (lambda: profile_model(sharded, batch, loss_fn), lambda: slackswap.apply(sharded, plan, workload=workload)):
-        with pytest.raises(UnsupportedModelError) as info:
-            call()
-        message = str(info.value)
-        assert "\n" not in message
-        assert "the model is wrapped by fully_shard (FSDP2)" in message and "unsharded model" in message
-    # the model itself still trains without slackswap
-    loss = loss_fn(sharded, batch)
-    loss.backward()
-
+# ---- FSDP1 and tensor-parallel DTensor: refused ------------------------------------------------------
 
 def test_fsdp1_submodule_is_refused_by_name(process_group):
     from torch.distributed.fsdp import FullyShardedDataParallel
@@ -174,7 +155,7 @@ def test_dtensor_parameter_is_refused_by_name(process_group):
     mesh = init_device_mesh("cpu", (1,))
     layer = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 1))
     layer[1].weight = torch.nn.Parameter(distribute_tensor(layer[1].weight.detach(), mesh, [Replicate()]))
-    with pytest.raises(UnsupportedModelError, match=r"parameter '1.weight' is a DTensor"):
+    with pytest.raises(UnsupportedModelError, match=r"parameter '1.weight' is a DTensor that no fully_shard unit manages"):
         profile_model(layer, torch.randn(2, 3), lambda m, b: m(b).sum())
 
 
@@ -233,17 +214,20 @@ def test_profile_command_refuses_a_sharded_model_with_exit_code_2(process_group,
 
     source = tmp_path / "sharded.py"
     source.write_text(
-        "from torch.distributed.fsdp import fully_shard\n"
+        "import warnings, torch\n"
+        "from torch.distributed.fsdp import FullyShardedDataParallel\n"
         "from slackswap.examples import loss_fn, make_batch as example_batch, make_example\n"
         "def make_model():\n"
-        "    return fully_shard(make_example('gpt2'))\n"
+        "    with warnings.catch_warnings():\n"
+        "        warnings.simplefilter('ignore')\n"
+        "        return FullyShardedDataParallel(make_example('gpt2'), device_id=torch.device('cpu'))\n"
         "def make_batch():\n"
         "    return example_batch(seed=0)\n"
     )
     out = tmp_path / "w.json"
     assert main(["profile", str(source), "--out", str(out)]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "wrapped by fully_shard (FSDP2)" in err and "Traceback" not in err
+    assert err.count("\n") == 1 and "wrapped by FullyShardedDataParallel (FSDP1)" in err and "Traceback" not in err
     assert not out.exists() and list(tmp_path.iterdir()) == [source]
 
 

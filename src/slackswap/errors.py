@@ -65,8 +65,8 @@ class OutputPathError(SlackswapError):
 
 
 class UnsupportedModelError(SlackswapError):
-    """A model wrapping or call context the profiler and runtime cannot follow (FSDP, DTensor
-    parameters, multi-GPU DataParallel, CUDA graph capture)."""
+    """A model wrapping or call context the profiler and runtime cannot follow (FSDP1, DTensor
+    parameters of tensor parallelism, FSDP2 on a 2-D mesh, multi-GPU DataParallel, CUDA graph capture)."""
 
 
 class CheckpointBackendError(SlackswapError):

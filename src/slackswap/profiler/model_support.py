@@ -2,8 +2,9 @@
 
 Both follow one training step through a TorchDispatchMode, saved-tensor hooks and module
 hooks on the model's own parameters. Wrappers that keep the model's parameters as they are
-(DistributedDataParallel, a torch.compile wrapper) are looked through; wrappers that shard or
-replace parameters (FSDP, DTensor) and CUDA graph capture are refused with
+(DistributedDataParallel, a torch.compile wrapper) are looked through; FSDP2 (fully_shard on a
+1-D mesh) is followed through its hooks (fsdp.py); FSDP1, FSDP2 on a 2-D mesh, DTensor
+parameters of tensor parallelism and CUDA graph capture are refused with
 UnsupportedModelError, before anything runs (docs/limitations.md, "The runtime").
 """
 
@@ -15,17 +16,17 @@ import warnings
 import torch
 
 from ..errors import RuntimeFallbackWarning, UnsupportedModelError
+from .fsdp import fsdp_units
 
-_SHARDED_FIX = ("run slackswap on an unsharded model (one full replica per GPU, for example under "
-                "DistributedDataParallel), or recompute through torch.utils.checkpoint, which FSDP supports")
+_SHARDED_FIX = ("shard the model with FSDP2 (torch.distributed.fsdp.fully_shard on a 1-D mesh), or run slackswap "
+                "on an unsharded model (one full replica per GPU, for example under DistributedDataParallel)")
 
 
 def _distributed_types() -> dict[str, type]:
     """The sharding wrapper and tensor types, from the modules already loaded: a model cannot be
     sharded without them, and importing FSDP costs about a second."""
     found: dict[str, type] = {}
-    for label, module, name in (("fully_shard (FSDP2)", "torch.distributed.fsdp", "FSDPModule"),
-                                ("FullyShardedDataParallel (FSDP1)", "torch.distributed.fsdp", "FullyShardedDataParallel"),
+    for label, module, name in (("FullyShardedDataParallel (FSDP1)", "torch.distributed.fsdp", "FullyShardedDataParallel"),
                                 ("DTensor", "torch.distributed.tensor", "DTensor")):
         kind = getattr(sys.modules.get(module), name, None)
         if isinstance(kind, type):
@@ -68,29 +69,38 @@ def unwrap_model(model: torch.nn.Module, purpose: str) -> torch.nn.Module:
 
 
 def check_supported(model: torch.nn.Module, purpose: str) -> None:
-    """Raise UnsupportedModelError when the model's parameters are sharded (FSDP) or DTensors."""
+    """Raise UnsupportedModelError for FSDP1, FSDP2 on a 2-D mesh and DTensor parameters that
+    no fully_shard unit manages (tensor parallelism)."""
     types = _distributed_types()
     if not types:
         return
-    for label in ("fully_shard (FSDP2)", "FullyShardedDataParallel (FSDP1)"):
-        kind = types.get(label)
-        if kind is None:
-            continue
+    kind = types.get("FullyShardedDataParallel (FSDP1)")
+    if kind is not None:
         for path, module in model.named_modules():
             if isinstance(module, kind):
                 where = f"module {path!r}" if path else "the model"
                 raise UnsupportedModelError(
-                    f"{purpose}: {where} is wrapped by {label}, whose parameters are gathered into new "
-                    f"storage every step, which the profiler and runtime cannot follow: {_SHARDED_FIX}"
+                    f"{purpose}: {where} is wrapped by FullyShardedDataParallel (FSDP1), whose flat parameters "
+                    f"are gathered into new storage every step, which the profiler and runtime cannot follow: {_SHARDED_FIX}"
                 )
     dtensor = types.get("DTensor")
-    if dtensor is not None:
-        for name, p in model.named_parameters():
-            if isinstance(p, dtensor):
-                raise UnsupportedModelError(
-                    f"{purpose}: parameter {name!r} is a DTensor (tensor parallel or FSDP), which the "
-                    f"profiler and runtime cannot follow: {_SHARDED_FIX}"
-                )
+    if dtensor is None:
+        return
+    units = [path for path, _ in fsdp_units(model)]
+    for name, p in model.named_parameters():
+        if not isinstance(p, dtensor):
+            continue
+        managed = any(path == "" or name.startswith(path + ".") for path in units)
+        if not managed:
+            raise UnsupportedModelError(
+                f"{purpose}: parameter {name!r} is a DTensor that no fully_shard unit manages (tensor "
+                f"parallel), which the profiler and runtime cannot follow: {_SHARDED_FIX}"
+            )
+        if p.device_mesh.ndim != 1:
+            raise UnsupportedModelError(
+                f"{purpose}: parameter {name!r} is sharded by fully_shard over a {p.device_mesh.ndim}-D mesh "
+                f"(HSDP or FSDP with tensor parallel), which slackswap does not follow yet: {_SHARDED_FIX}"
+            )
 
 
 def check_not_capturing(purpose: str) -> None:

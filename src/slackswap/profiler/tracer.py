@@ -33,6 +33,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
+from .fsdp import FsdpUnits, local_tensor
+
 # Ops selective checkpointing never shows its policy (torch/utils/checkpoint.py SAC_IGNORED_OPS);
 # the tracer skips them too so that op positions inside a module call agree with the runtime.
 _IGNORED_OPS = {torch.ops.aten.detach.default, torch.ops.prim.device.default}
@@ -97,13 +99,14 @@ class _StorageIds:
     """Names storages. Every storage seen is kept alive for the traced step, so an address
     is never reused by another storage while the trace runs."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, fsdp: FsdpUnits) -> None:
         self.names: dict[tuple, str] = {}
         self.nbytes: dict[str, int] = {}
         self.keep: list[Any] = []
         self.frozen: set[tuple] = set()
         for tensor in list(model.parameters()) + list(model.buffers()):
-            self.frozen.add(self.key(tensor))
+            self.frozen.add(self.key(local_tensor(tensor)))
+        self.fsdp = fsdp
         self.step_inputs: list[str] = []
 
     @staticmethod
@@ -113,17 +116,19 @@ class _StorageIds:
     def lookup(self, t: torch.Tensor) -> str | None:
         """Name of ``t``'s storage; None for parameters, buffers and empty tensors. An unseen
         storage that is not a parameter is a step input."""
-        if t.untyped_storage().nbytes() == 0:
+        if self.is_parameter(t):
             return None
         key = self.key(t)
-        if key in self.frozen:
-            return None
         name = self.names.get(key)
         if name is None:
             name = f"input{len(self.step_inputs)}"
             self._add(key, name, t)
             self.step_inputs.append(name)
         return name
+
+    def is_parameter(self, t: torch.Tensor) -> bool:
+        """Empty, a parameter or buffer, or a parameter FSDP gathered for this step."""
+        return t.untyped_storage().nbytes() == 0 or self.key(t) in self.frozen or self.fsdp.is_gathered(t)
 
     def _add(self, key: tuple, name: str, t: torch.Tensor) -> None:
         self.names[key] = name
@@ -170,7 +175,7 @@ class _Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in _IGNORED_OPS:
+        if func in _IGNORED_OPS or self.tracer.fsdp.inside:
             return func(*args, **kwargs)
         return self.tracer.on_op(func, args, kwargs)
 
@@ -180,7 +185,8 @@ class Tracer:
 
     def __init__(self, model: torch.nn.Module, timer) -> None:
         self.model = model
-        self.ids = _StorageIds(model)
+        self.fsdp = FsdpUnits(model)
+        self.ids = _StorageIds(model, self.fsdp)
         self.timer = timer
         self.ops: list[OpRecord] = []
         self.saves: list[SaveRecord] = []
@@ -246,7 +252,7 @@ class Tracer:
         outputs, touched = [], []
         for k, t in enumerate(written_tensors(func, args, kwargs)):
             # A write makes a new version of an activation storage (parameters and buffers stay out).
-            if t.untyped_storage().nbytes() == 0 or self.ids.key(t) in self.ids.frozen:
+            if self.ids.is_parameter(t):
                 continue
             if self.ids.lookup(t) is None:
                 continue
@@ -255,11 +261,9 @@ class Tracer:
             outputs.append(name)
             touched.append(name)
         for i, t in enumerate(out_tensors):
-            if t.untyped_storage().nbytes() == 0:
+            if self.ids.is_parameter(t):
                 continue
             key = self.ids.key(t)
-            if key in self.ids.frozen:
-                continue
             name = self.ids.names.get(key)
             if name is None:
                 name = output_name(op_name, i)
@@ -282,7 +286,7 @@ class Tracer:
 
     # ---- saves ------------------------------------------------------------------------------
     def on_pack(self, t: torch.Tensor):
-        name = self.ids.lookup(t) if t.untyped_storage().nbytes() else None
+        name = self.ids.lookup(t)
         prev = self.ops[-1] if self.ops else None
         can = prev is not None and not prev.is_view and (
             prev.node not in (None, False) or any(r.grad_fn is not None for r in prev.out_refs))
@@ -388,11 +392,13 @@ def run_traced(model, batch, loss_fn, *, timer) -> tuple[Trace, list[float], tor
     tracer = Tracer(model, timer)
     pre = torch.nn.modules.module.register_module_forward_pre_hook(tracer.on_enter)
     post = torch.nn.modules.module.register_module_forward_hook(tracer.on_exit)
+    tracer.fsdp.install()
     try:
         with torch.autograd.graph.saved_tensors_hooks(tracer.on_pack, tracer.on_unpack):
             with _Recorder(tracer):
                 loss = loss_fn(model, batch)
     finally:
+        tracer.fsdp.remove()
         pre.remove()
         post.remove()
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.requires_grad:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import PlanMismatchError, ValidationError
+from ..errors import PlanMismatchError, UnsupportedModelError, ValidationError
 from ..plans import Plan, check_plan
+from ..profiler.fsdp import FsdpUnits, local_tensor
 from ..profiler.model_support import called_from_compiled_code, check_not_capturing, unwrap_model, \
     warn_compiled_runs_eagerly
 from ..workload import Workload
@@ -40,9 +41,34 @@ def checked_workload(model: torch.nn.Module, plan: Plan, workload: Workload | No
 
 def device_and_param_keys(model: torch.nn.Module) -> tuple[torch.device, set]:
     """The model's device, and the storages of its parameters and buffers, which are never activations."""
-    params = list(model.parameters()) + list(model.buffers())
+    params = [local_tensor(p) for p in list(model.parameters()) + list(model.buffers())]
     device = params[0].device if params else torch.device("cpu")
     return device, {(p.device.type, p.device.index, p.untyped_storage().data_ptr()) for p in params}
+
+
+def check_same_plan_on_every_rank(plan: Plan) -> None:
+    """Refuse, on every rank, a plan that differs between ranks of an FSDP2 model.
+
+    A recompute group may need a unit's parameters before FSDP gathers them for its backward;
+    the runtime gathers them then, and a gather is a collective that every rank must run at the
+    same point. This is itself a collective: apply is called on every rank, as FSDP's forward is."""
+    import hashlib
+    import json
+
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return
+    digest = hashlib.sha256(json.dumps(plan.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+    digests: list = [None] * dist.get_world_size()
+    dist.all_gather_object(digests, digest)
+    others = sorted({rank for rank, d in enumerate(digests) if d != digests[0]})
+    if others:
+        raise PlanMismatchError(
+            f"slackswap.apply on an FSDP2 model: rank {others[0]} applies another plan than rank 0 (plan digest "
+            f"{digests[others[0]]}, rank 0 {digests[0]}); the runtime may gather parameters for recompute, a "
+            "collective every rank must run alike: make the plan on one rank and broadcast it to all"
+        )
 
 
 def check_step_context(runtime) -> None:
@@ -68,6 +94,9 @@ class PlanRuntime:
         device, keys = device_and_param_keys(model)
         self.manager = SwapManager(workload, plan, self.execution, device)
         self.manager.param_keys = keys
+        self.manager.fsdp = FsdpUnits(model)
+        if self.manager.fsdp:
+            check_same_plan_on_every_rank(plan)
         self.recorder = ForwardRecorder(workload, self.execution, self.manager, keys)
         self._active = False
         self._warned_compiled = False
@@ -81,6 +110,7 @@ class PlanRuntime:
         if self._active:
             raise RuntimeError("this PlanRuntime is already active")
         self._active = True
+        self.manager.fsdp.install()  # before _begin_step: FSDP gathers the root's parameters first
         self._pre = self.model.register_forward_pre_hook(self._begin_step)
         self._post = self.model.register_forward_hook(self._end_model_forward)
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self.manager.pack, self.manager.unpack)
@@ -94,6 +124,7 @@ class PlanRuntime:
         self._hooks.__exit__(*exc)
         self._post.remove()
         self._pre.remove()
+        self.manager.fsdp.remove()
         self._active = False
         if exc[0] is not None:
             # The step failed: release the host pool and what the step holds (docs/runtime.md, Failures).
@@ -129,8 +160,9 @@ def apply_plan(model: torch.nn.Module, plan: Plan, workload: Workload | None = N
     the planning default) is what its memory check simulates on.
 
     ``model`` may be wrapped by DistributedDataParallel or torch.compile: the runtime follows the
-    module inside (profiler/model_support.py). FSDP, DTensor parameters and CUDA graph capture
-    raise UnsupportedModelError.
+    module inside (profiler/model_support.py). FSDP2 (fully_shard) models are followed through
+    FSDP's hooks; apply is then a collective (every rank must apply the same plan). FSDP1,
+    tensor-parallel DTensor parameters and CUDA graph capture raise UnsupportedModelError.
     """
     model = unwrap_model(model, "slackswap.apply")
     if backend == "replay":
@@ -140,5 +172,10 @@ def apply_plan(model: torch.nn.Module, plan: Plan, workload: Workload | None = N
     if backend == "checkpoint":
         from .checkpoint_backend import CheckpointRuntime
 
+        if FsdpUnits(model):
+            raise UnsupportedModelError(
+                'slackswap.apply: backend="checkpoint" does not follow FSDP2 (fully_shard) models yet: '
+                'use the default backend="replay"'
+            )
         return CheckpointRuntime(model, plan, checked_workload(model, plan, workload), hardware)
     raise ValidationError(f"unknown runtime backend {backend!r}: use one of {', '.join(BACKENDS)}")

@@ -179,7 +179,8 @@ class ForwardRecorder:
             if id(x) in written_ids:
                 written.append(pos)
             key = self.key(x)
-            name = None if key in self.frozen or x.untyped_storage().nbytes() == 0 else self.names.get(key)
+            parameter = key in self.frozen or x.untyped_storage().nbytes() == 0 or self.manager.fsdp.is_gathered(x)
+            name = None if parameter else self.names.get(key)
             if name is None:
                 # A parameter, a buffer or a step input: on the device for the whole step anyway.
                 # Detached: the replay runs without a graph, and a view of a parameter (w.t())
@@ -202,6 +203,6 @@ class RecordingMode(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         r = self.recorder
-        if r.i >= r.n or func in _IGNORED_OPS or r.manager.busy:
+        if r.i >= r.n or func in _IGNORED_OPS or r.manager.busy or r.manager.fsdp.inside:
             return func(*args, **kwargs)
         return r.on_op(func, args, kwargs)

@@ -43,6 +43,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from ..errors import PlanMismatchError, RuntimeFallbackWarning, RuntimeMemoryError, StaleStepError
 from ..memory.host import HOST_SLOT_ALIGN_BYTES
 from ..plans import Action, Plan
+from ..profiler.fsdp import FsdpUnits
 from ..schedule import first_use_step
 from ..workload import Workload
 from .mapping import ExecutionMap
@@ -80,6 +81,9 @@ class RuntimeStats:
     step_fallback_kept_bytes: int = 0
     fallback_kept_tensors: int = 0
     packs: int = 0
+    fsdp_regathers: int = 0
+    """FSDP2 units gathered by the runtime: a recompute group read their parameters in backward
+    before FSDP gathered them for their own backward."""
 
 
 @dataclass
@@ -141,6 +145,7 @@ class SwapManager:
             self.d2h_stream = torch.cuda.Stream(device)
             self.h2d_stream = torch.cuda.Stream(device)
         self.param_keys: set[tuple] = set()
+        self.fsdp = FsdpUnits()  # the runtime sets the model's fully_shard units
         self.busy = False  # the manager's own ops are not forward ops of the model
         self.recipes: dict[int, object] = {}
         self._begin()
@@ -229,7 +234,8 @@ class SwapManager:
     # ---- hooks ---------------------------------------------------------------------------
     def pack(self, t: torch.Tensor):
         storage = t.untyped_storage()
-        if storage.nbytes() == 0 or (t.device.type, t.device.index, storage.data_ptr()) in self.param_keys:
+        if storage.nbytes() == 0 or (t.device.type, t.device.index, storage.data_ptr()) in self.param_keys \
+                or self.fsdp.is_gathered(t):
             return t.detach()
         if self.pos >= len(self.expected):
             raise PlanMismatchError(
@@ -412,6 +418,8 @@ class SwapManager:
                     with torch.no_grad():
                         item = torch.empty(0, dtype=item.dtype, device=storage.device).set_(
                             storage, item.offset, item.shape, item.stride)
+                elif isinstance(item, torch.Tensor) and self.fsdp.regather(item):  # FSDP freed it after forward
+                    self.stats.fsdp_regathers += 1
                 flat.append(item)
             args, kwargs = tree_unflatten(flat, recipe.spec)
             made = [name for name, _, _ in self.sources[i]]
