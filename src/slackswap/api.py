@@ -23,8 +23,12 @@ __all__ = [
 
 
 def _workload(workload: Workload | str, hardware: Hardware) -> Workload:
+    """A built-in model's workload, or ``workload`` with times for ``hardware``: a profile timed on
+    a CPU or on another GPU is projected by the roofline (profiler.build.timed_for)."""
     if isinstance(workload, Workload):
-        return workload
+        from .profiler.build import timed_for
+
+        return timed_for(workload, hardware)
     from .workloads.models import build_model_workload
 
     return build_model_workload(workload, hardware)

@@ -60,6 +60,10 @@ class RuntimeFallbackWarning(UserWarning):
     """The runtime could not run part of the plan as planned and did something safe instead."""
 
 
+class ProfileNoiseWarning(UserWarning):
+    """The repeated steps of a profile disagree by more than the stated spread (a busy machine)."""
+
+
 class OutputPathError(SlackswapError):
     """An output file that cannot be written (missing directory, a directory, no permission)."""
 

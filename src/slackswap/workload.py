@@ -157,8 +157,13 @@ class Workload:
 
     @cached_property
     def fingerprint(self) -> str:
-        """Hash of the workload's structure and sizes; plans record it to detect mismatches."""
-        payload = json.dumps(self.to_dict(include_meta=False), sort_keys=True, separators=(",", ":"))
+        """Hash of the workload's structure, sizes and FLOPs, not its times; plans record it to
+        detect mismatches. Without the times, one plan fits every profile of one model and batch:
+        each rank's, and the same profile projected onto another GPU by the roofline."""
+        data = self.to_dict(include_meta=False)
+        for op in data["ops"]:
+            del op["fwd_time_s"], op["bwd_time_s"]
+        payload = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
     # ---- JSON -------------------------------------------------------------------

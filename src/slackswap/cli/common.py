@@ -115,12 +115,15 @@ def load_hardware(args: argparse.Namespace) -> Hardware:
 
 
 def load_workload(args: argparse.Namespace, hardware: Hardware) -> Workload:
-    """The workload named by --workload, or built from --model and the size flags on ``hardware``."""
+    """The workload named by --workload (a profile timed on a CPU or another GPU projected onto
+    ``hardware`` by the roofline, as slackswap.plan does), or built from --model and the size flags."""
     overrides = spec_overrides(args)
     if args.workload and (args.model or overrides):
         raise ValidationError("give either --workload FILE or --model NAME (with size flags), not both")
     if args.workload:
-        return Workload.load(args.workload)
+        from ..profiler.build import timed_for
+
+        return timed_for(Workload.load(args.workload), hardware)
     if not args.model:
         raise ValidationError("no workload given: pass --model NAME (see 'slackswap models') or --workload FILE")
     from ..workloads.models import build_model_workload

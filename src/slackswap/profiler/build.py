@@ -130,3 +130,25 @@ def project_onto(workload: Workload, hardware: Hardware) -> Workload:
     meta["measured_fwd_time_s"] = [op.fwd_time_s for op in workload.ops]
     meta["measured_bwd_time_s"] = [op.bwd_time_s for op in workload.ops]
     return Workload(name=workload.name, ops=tuple(ops), tensors=workload.tensors, meta=meta)
+
+
+_GPU_MODEL = re.compile(r"\b(G?[A-Z]\d{2,4})\b")
+"""A GPU model in a device name ('A100' in 'NVIDIA A100-SXM4-80GB', 'GH200')."""
+
+
+def timed_for(workload: Workload, hardware: Hardware) -> Workload:
+    """``workload`` with times that describe ``hardware``.
+
+    A profile timed on a CPU, or on a GPU whose model does not appear in ``hardware``'s name or
+    description, is projected onto ``hardware`` by the roofline (project_onto); its measured times
+    stay in meta. Built-in workloads, projected profiles and profiles timed on that GPU are
+    returned as they are."""
+    meta = workload.meta
+    if meta.get("source") != "slackswap.profiler" or not str(meta.get("times", "")).startswith("measured"):
+        return workload
+    if meta.get("device") == "cuda":
+        models = _GPU_MODEL.findall(str(meta.get("device_name", "")).upper())
+        described = f"{hardware.name} {hardware.description}".upper()
+        if not models or any(m in described for m in models):
+            return workload
+    return project_onto(workload, hardware)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+import warnings
 import weakref
 from typing import Any, Callable
 
 import torch
 
-from ..errors import ValidationError
+from ..errors import ProfileNoiseWarning, ValidationError
 from ..hardware import Hardware, get_hardware
 from ..workload import Workload
 from ..memory.parameters import parameter_meta
@@ -42,6 +43,26 @@ def workload_for(model: torch.nn.Module) -> Workload | None:
     return _LAST_PROFILE.get(unwrap_model(model, "slackswap"))
 
 
+MAX_SPREAD = 0.5
+"""Largest (slowest / fastest - 1) of the repeated steps' times profile accepts without a warning.
+A threshold, not a measurement: with a step 1.5x another, the medians no longer describe one machine."""
+
+
+def warn_if_noisy(fwd_runs: list[list[float]], bwd_runs: list[list[float]], max_spread: float) -> None:
+    """ProfileNoiseWarning when the repeated steps' total times disagree by more than ``max_spread``."""
+    totals = [sum(f) + sum(b) for f, b in zip(fwd_runs, bwd_runs)]
+    if len(totals) < 2 or min(totals) <= 0:
+        return
+    spread = max(totals) / min(totals) - 1
+    if spread > max_spread:
+        warnings.warn(
+            f"profile: the {len(totals)} repeated steps took {min(totals) * 1e3:.3f} to {max(totals) * 1e3:.3f} ms "
+            f"(spread {spread * 100:.0f} %, more than {max_spread * 100:.0f} %): the machine was busy, so the median "
+            "op times may not describe it; profile again on an idle machine or with more repeats",
+            ProfileNoiseWarning, stacklevel=3,
+        )
+
+
 def _devices(model: torch.nn.Module) -> list[int]:
     return sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
 
@@ -54,13 +75,16 @@ def profile_model(
     hardware: str | Hardware | None = None,
     warmup: int = 1,
     repeats: int = 3,
+    max_spread: float = MAX_SPREAD,
 ) -> Workload:
     """Measure ``warmup + repeats`` steps of ``loss_fn(model, batch).backward()``.
 
     Times are medians over the ``repeats`` steps after warm-up (CUDA events on a GPU, wall
     clock on CPU). With ``hardware`` (a preset name or Hardware) the times are replaced by
     roofline estimates on that hardware; the measured ones stay in ``meta``. The model's
-    parameters, gradients, buffers and the RNG streams are restored afterwards.
+    parameters, gradients, buffers and the RNG streams are restored afterwards. A
+    ProfileNoiseWarning says when the slowest repeated step took more than ``1 + max_spread``
+    times the fastest.
     """
     if not isinstance(model, torch.nn.Module):
         raise ValidationError(f"profile needs a torch.nn.Module, got {type(model).__name__}")
@@ -70,6 +94,9 @@ def profile_model(
         raise ValidationError(f"warmup must be an integer >= 0, got {warmup!r}")
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValidationError(f"repeats must be an integer >= 1, got {repeats!r}")
+    if isinstance(max_spread, bool) or not isinstance(max_spread, (int, float)) or not max_spread > 0:
+        raise ValidationError(f"max_spread must be a number above 0 (0.5: warn when a repeated step takes 1.5x "
+                              f"another), got {max_spread!r}")
     hw = get_hardware(hardware) if isinstance(hardware, str) else hardware
     on_cuda = any(p.device.type == "cuda" for p in model.parameters())
     timer = CudaTimer() if on_cuda else WallTimer()
@@ -105,6 +132,7 @@ def profile_model(
             for name, b in model.named_buffers():
                 b.copy_(buffers[name])
 
+    warn_if_noisy(fwd_runs, bwd_runs, max_spread)
     first = traces[0]
     shape = [op.name for op in first.ops]
     for other in traces[1:]:
@@ -118,6 +146,8 @@ def profile_model(
         "model": type(model).__name__,
         "model_signature": model_signature(model),
         "device": "cuda" if on_cuda else "cpu",
+        # planning for another GPU projects the times by the roofline (build.timed_for)
+        "device_name": torch.cuda.get_device_name(_devices(model)[0]) if on_cuda else "cpu",
         "times": "measured, median over repeats",
         "warmup": warmup,
         "repeats": repeats,
