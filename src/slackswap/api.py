@@ -121,6 +121,22 @@ def apply(model: Any, plan: Plan, *, backend: str = "replay", **options: Any):
     return apply_plan(model, plan, backend=backend, **options)
 
 
+def auto(model: Any, loss_fn: Any, *, hardware: Hardware | str = DEFAULT_HARDWARE, budget: float | int | str = 0.5,
+         policy: str = "slackswap", cache_dir: Any = None, **options: Any):
+    """Train under a plan per input signature, each profiled and planned once (needs the torch extra).
+
+    ``auto(batch)`` is a context manager for one step on ``batch``; ``auto.step(batch)`` runs
+    ``loss_fn(model, batch).backward()`` and also handles a batch that takes another code path.
+    Plans are cached in memory and, with ``cache_dir``, in files (docs/runtime.md, Automatic mode)."""
+    from .errors import require
+
+    require("torch", "torch", "running a plan on a PyTorch model")
+    from .runtime.auto import AutoRuntime
+
+    return AutoRuntime(model, loss_fn, hardware=hardware, budget=budget, policy=policy, cache_dir=cache_dir,
+                       **options)
+
+
 def model_states(
     model: Workload | str | Any,
     *,
