@@ -1,36 +1,80 @@
-"""`recompute-optimal`: the fastest recompute-only plan within the budget.
+"""`recompute-optimal`: the fastest recompute-only plan it finds within the budget.
 
-Like PyTorch's activation memory budget (its min-cut partitioner with a 0-1 knapsack):
-choose the set of tensors to recompute that takes enough bytes off the peak for the
-least rebuild time (selection.knapsack_min_time), sized to the budget by simulating
-(selection.fit_need). No copies: a budget it cannot reach raises BudgetError.
+Like PyTorch's activation memory budget (its min-cut partitioner with a 0-1 knapsack): choose
+the set of tensors to recompute that takes enough bytes off the peak for the least rebuild time
+(selection.knapsack_min_time), sized to the budget by simulating (selection.fit_need). The
+knapsack counts each tensor's bytes once, but a rebuild in backward holds its whole group, so
+its sets can peak above the budget where a layer-wise plan fits. The layer-wise plans of
+`full-recompute` and `selective-recompute` are candidates too, and when no knapsack set fits, a
+peak descent from recomputing everything (selection.recompute_peak_descent); the fastest that
+fits is the plan, so the policy never refuses a budget either layer-wise policy meets. No
+copies: a budget it cannot reach raises BudgetError with the lowest peak any plan it tried
+reached (docs/planners.md, `recompute-optimal`).
 """
 
 from __future__ import annotations
 
+from ..errors import BudgetError
 from ..hardware import Hardware
 from ..plans import Plan
 from ..workload import Workload
-from .common import build, facts_for, natural_peak_bytes, policy_cannot_fit
+from .common import Candidate, block_layers, policy_cannot_fit
+from .full_recompute import block_recompute_actions
+from .repair import rank
 from .search import Search
-from .selection import actions_for, fit_need, keep_all_peak_bytes, knapsack_min_time
+from .selection import actions_for, fit_need, keep_all_peak_bytes, knapsack_min_time, recompute_peak_descent
+from .selective_recompute import core_attention_actions, plan_selective_recompute
+
+POLICY = "recompute-optimal"
+
+
+def layer_wise_candidates(search: Search) -> list[Candidate]:
+    """The layer-wise recompute plans that fit the budget: every block checkpointed (what
+    `full-recompute` does), that plus the attention cores (`selective-recompute`'s far end), and
+    `selective-recompute`'s own plan where it reaches the budget. Each is simulated without a
+    limit too, so that an error can report the lowest peak among them."""
+    workload = search.workload
+    every_block = block_recompute_actions(workload, set(block_layers(workload)))
+    with_cores = {**core_attention_actions(workload), **every_block}
+    labelled = [(every_block, "full-recompute"), (with_cores, "selective-recompute, every block")]
+    try:
+        selective = plan_selective_recompute(workload, search.hardware, search.budget_bytes)
+        labelled.append((selective.actions, "selective-recompute"))
+    except BudgetError:
+        pass
+    found = []
+    for actions, label in labelled:
+        plan = search.plan(actions, info={"rule": f"the layer-wise plan of {label}"})
+        search.evaluate(plan, unlimited=True)
+        cand = search.evaluate(plan)
+        if cand.fits:
+            found.append(cand)
+    return found
 
 
 def plan_recompute_optimal(workload: Workload, hardware: Hardware, budget_bytes: int) -> Plan:
-    facts = facts_for(workload)
+    search = Search(workload, hardware, budget_bytes, POLICY)
+    facts = search.facts
 
     def make(need: int) -> Plan | None:
         chosen = knapsack_min_time(facts, facts.candidates, need)
         if chosen is None:
             return None
-        return build(workload, hardware, actions_for(recompute=chosen), "recompute-optimal", budget_bytes,
-                     info={"rule": "knapsack: least rebuild time for the bytes needed", "need_bytes": need})
+        return search.plan(actions_for(recompute=chosen),
+                           info={"rule": "knapsack: least rebuild time for the bytes needed", "need_bytes": need})
 
-    best = fit_need(Search(workload, hardware, budget_bytes, "recompute-optimal"),
-                    keep_all_peak_bytes(facts) - budget_bytes, make)
-    if best is None:
-        everything = build(workload, hardware, actions_for(recompute=facts.candidates), "recompute-optimal",
-                           budget_bytes)
-        raise policy_cannot_fit("recompute-optimal", budget_bytes, natural_peak_bytes(workload, hardware, everything),
-                                "use a larger budget or a policy that swaps")
-    return best.plan
+    sized = fit_need(search, keep_all_peak_bytes(facts) - budget_bytes, make)
+    found = [sized] if sized is not None else []
+    if sized is None:
+        descent = recompute_peak_descent(search)
+        if descent is not None:
+            found.append(Candidate(search.plan(descent.plan.actions, info={"rule": "peak descent"}),
+                                   descent.timeline))
+    found += layer_wise_candidates(search)
+    if not found:
+        everything = search.plan(actions_for(recompute=facts.candidates))
+        search.evaluate(everything, unlimited=True)
+        raise policy_cannot_fit(POLICY, budget_bytes, search.least_peak_bytes,
+                                "the lowest peak of the recompute-only plans it tried: use a larger budget or "
+                                "a policy that swaps")
+    return min(found, key=rank).plan

@@ -45,6 +45,8 @@ class Search:
     """What is left of ``wide_allowance``; repairs and enumerations draw on it."""
     skipped_simulations: int = 0
     """Evaluations answered without the simulator: the plan's memory floor is over the budget."""
+    least_peak_bytes: int | None = None
+    """The lowest unlimited peak of any plan simulated so far: the smallest budget they reach."""
 
     def __post_init__(self) -> None:
         self.facts = facts_for(self.workload)
@@ -66,13 +68,21 @@ class Search:
             # Without copies nothing frees memory while compute waits: the run under the budget is
             # the unlimited run when that peaks within it, and infeasible otherwise. One
             # simulation answers both limits.
-            free = evaluate(self.workload, self.hardware, plan, math.inf, self.memo)
+            free = self._note_peak(evaluate(self.workload, self.hardware, plan, math.inf, self.memo))
             if unlimited:
                 return free
             if free.timeline.peak_memory_bytes > self.budget_bytes:
                 return Candidate(plan, None)
             return Candidate(plan, dataclasses.replace(free.timeline, budget_bytes=self.budget_bytes))
-        return evaluate(self.workload, self.hardware, plan, math.inf if unlimited else self.budget_bytes, self.memo)
+        if unlimited:
+            return self._note_peak(evaluate(self.workload, self.hardware, plan, math.inf, self.memo))
+        return evaluate(self.workload, self.hardware, plan, self.budget_bytes, self.memo)
+
+    def _note_peak(self, free: Candidate) -> Candidate:
+        peak = free.timeline.peak_memory_bytes
+        if self.least_peak_bytes is None or peak < self.least_peak_bytes:
+            self.least_peak_bytes = peak
+        return free
 
     def try_actions(self, actions: Mapping[str, Action], *, unlimited: bool = False) -> Candidate:
         """``actions`` (unnamed tensors kept) as a plan, evaluated; under the budget, when their

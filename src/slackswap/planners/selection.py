@@ -217,3 +217,35 @@ def actions_for(swap: Iterable[str] = (), recompute: Iterable[str] = ()) -> dict
     actions.update({n: Action.RECOMPUTE for n in recompute})
     return actions
 
+
+def recompute_peak_descent(search: Search, *, max_simulations: int = 64) -> Candidate | None:
+    """A recompute-only plan for when no knapsack set fits: from recomputing
+    everything, keep one producer's tensors at a time, each round the keep that lowers the
+    unlimited simulated peak most (then the fastest), until the peak is within the budget.
+
+    Rebuilding in backward holds a whole recompute group, so recomputing more can raise the peak
+    (a large tensor re-created next to others); the sets the knapsack grows into then never fit,
+    while keeping such a tensor does. No plan here copies anything: the same on every link.
+    (`slackswap`'s rule 1 and `recompute-optimal` both use it.)"""
+    facts, budget_bytes = search.facts, search.budget_bytes
+    recomputed = list(facts.candidates)
+    current = search.try_actions(actions_for(recompute=recomputed), unlimited=True)
+    simulations = 1
+    while current.timeline.peak_memory_bytes > budget_bytes and simulations < max_simulations:
+        best = None
+        for item in op_items(facts, recomputed):
+            if simulations >= max_simulations:
+                break
+            kept = set(item)
+            rest = [n for n in recomputed if n not in kept]
+            cand = search.try_actions(actions_for(recompute=rest), unlimited=True)
+            simulations += 1
+            key = (cand.timeline.peak_memory_bytes, cand.step_time_s)
+            if key[0] < current.timeline.peak_memory_bytes and (best is None or key < best[0]):
+                best = (key, cand, rest)
+        if best is None:
+            return None
+        _, current, recomputed = best
+    if current.timeline.peak_memory_bytes > budget_bytes:
+        return None
+    return current  # its unlimited run never exceeds the budget, so it is also its run under it

@@ -46,7 +46,7 @@ from .copies import WindowBooking
 from .exact import EXACT_MAX_CANDIDATES, branch_and_bound
 from .repair import MAX_SIMULATIONS, RepairResult, rank, repair
 from .search import Search
-from .selection import actions_for, fit_need, keep_all_peak_bytes, knapsack_min_time, op_items
+from .selection import actions_for, fit_need, keep_all_peak_bytes, knapsack_min_time, recompute_peak_descent
 
 POLICY = "slackswap"
 # The wide search's allowance. A simulation's cost grows with the op count, so this buys hundreds
@@ -124,38 +124,6 @@ def initial_need_bytes(search: Search) -> int:
 def size(search: Search, make) -> Candidate | None:
     """Rule 6's sizing of one family, waits for memory allowed."""
     return fit_need(search, initial_need_bytes(search), make, allow_memory_stalls=True, rounds=SIZING_ROUNDS)
-
-
-def recompute_peak_descent(search: Search, *, max_simulations: int = 64) -> Candidate | None:
-    """Rule 1's second way to a link-free start, for when no knapsack set fits: from recomputing
-    everything, keep one producer's tensors at a time, each round the keep that lowers the
-    unlimited simulated peak most (then the fastest), until the peak is within the budget.
-
-    Rebuilding in backward holds a whole recompute group, so recomputing more can raise the peak
-    (a large tensor re-created next to others); the sets the knapsack grows into then never fit,
-    while keeping such a tensor does. No plan here copies anything: the same on every link."""
-    facts, budget_bytes = search.facts, search.budget_bytes
-    recomputed = list(facts.candidates)
-    current = search.try_actions(actions_for(recompute=recomputed), unlimited=True)
-    simulations = 1
-    while current.timeline.peak_memory_bytes > budget_bytes and simulations < max_simulations:
-        best = None
-        for item in op_items(facts, recomputed):
-            if simulations >= max_simulations:
-                break
-            kept = set(item)
-            rest = [n for n in recomputed if n not in kept]
-            cand = search.try_actions(actions_for(recompute=rest), unlimited=True)
-            simulations += 1
-            key = (cand.timeline.peak_memory_bytes, cand.step_time_s)
-            if key[0] < current.timeline.peak_memory_bytes and (best is None or key < best[0]):
-                best = (key, cand, rest)
-        if best is None:
-            return None
-        _, current, recomputed = best
-    if current.timeline.peak_memory_bytes > budget_bytes:
-        return None
-    return current  # its unlimited run never exceeds the budget, so it is also its run under it
 
 
 def link_free_floor(search: Search) -> Candidate | None:
