@@ -65,7 +65,7 @@ def settings_for(args) -> Settings:
     from gpu_validation.link import DRY_SIZES_BYTES, FULL_SIZES_BYTES
 
     if args.dry_run:
-        return Settings(TINY, args.micro_batch or 2, warmup=1, steps=args.steps or 1,
+        return Settings(TINY, args.micro_batch or 2, warmup=0, steps=args.steps or 1,
                         link_sizes_bytes=DRY_SIZES_BYTES, link_repeats=3, compute_iters=2,
                         hbm_size_bytes=4 * 2**20, profile_repeats=1, compiled_budgets=(0.5,))
     return Settings(GPT2_MEDIUM, args.micro_batch, warmup=2, steps=args.steps or 10,

@@ -9,6 +9,7 @@ import math
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ pytest.importorskip("torch")
 import slackswap  # noqa: E402
 from slackswap.cli import main as cli_main  # noqa: E402
 from slackswap.hardware import Hardware, get_hardware  # noqa: E402
+from slackswap.units import format_bytes  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_validate.py"
@@ -136,7 +138,8 @@ def test_ratios_are_computed_from_the_recorded_numbers(dry_run):
 @pytest.mark.slow  # shares one dry run of about 10 s
 def test_markdown_figures_carry_units(dry_run):
     _, results, md = dry_run
-    text_columns = {"configuration", "status", "method", "field", "direction", "bf16 GEMM (batch x m x k x n)", "quantity"}
+    text_columns = {"configuration", "status", "method", "field", "direction", "quantity",
+                    "bf16 GEMM (batch x m x k x n)"}
     one = (r"(-?\d+(\.\d+)?(e[-+]?\d+)? ?(B|KiB|MiB|GiB|TiB|us|ms|s|GB/s|GFLOP/s|TFLOP/s|%|x|per step|\(abs\)))")
     figure = re.compile(rf"^(n/a|yes|no|{one}|{one} - {one})$")  # a figure, or a range of two
     header, cells = None, 0
@@ -233,3 +236,70 @@ def test_past_the_time_limit_rows_are_skipped_and_the_files_still_complete(tmp_p
         assert rows[name]["status"] == "skipped" and rows[name]["note"] == "time limit (0 s) reached"
     assert rows["plain training"]["status"] == "ok" and results["profile"]["ops"] > 0
     assert Hardware.load(tmp_path / "cpu-measured.json").name == "cpu-measured"
+
+
+class FakeTrackingDevice:
+    """A CPU device that reports allocator figures (fixed numbers), to run the GPU-only branches."""
+
+    kind, name, slug, pinned_host, tracks_memory = "fake", "fake", "fake", False, True
+
+    def __init__(self):
+        import torch
+
+        self.torch_device = torch.device("cpu")
+        self.resets = 0
+
+    def mark(self, stream=None):
+        return time.perf_counter()
+
+    def elapsed_s(self, start, end):
+        return end - start
+
+    def synchronize(self):
+        pass
+
+    def allocated_bytes(self):
+        return 1000
+
+    def max_allocated_bytes(self):
+        return 1000 + 300 * self.resets
+
+    def max_reserved_bytes(self):
+        return 4096
+
+    def reset_peak(self):
+        self.resets += 1
+
+    def release_cached(self):
+        pass
+
+
+@pytest.mark.slow  # uses the shared dry run
+def test_memory_figures_flow_from_the_device_into_the_rows_and_the_page(dry_run):
+    import torch
+
+    from gpu_validation.report import render_markdown, summarize
+    from gpu_validation.training import Method, Trainer
+    from slackswap.examples import TINY, loss_fn, make_batch, make_example
+
+    model, batch = make_example("gpt2", TINY), make_batch(TINY)
+    device = FakeTrackingDevice()
+    measured = Trainer(device, model).measure(Method("plain", lambda: loss_fn(model, batch)), warmup=1, steps=2,
+                                              is_reference=True).to_dict()
+    # Step k (1-based, resets counted) peaks at 1000 + 300 k: the timed steps are the 2nd and 3rd.
+    assert measured["step_peak_bytes"] == 900 and measured["max_allocated_bytes"] == 1900
+    assert measured["max_reserved_bytes"] == 4096 and torch.is_grad_enabled()
+
+    _, results, _ = dry_run
+    results = json.loads(json.dumps(results))
+    for r in results["rows"]:  # give every row that ran GPU-like memory figures, then recompute as save() does
+        if r["status"] == "ok":
+            r["measured"].update(step_peak_bytes=2 * 2**20, max_allocated_bytes=3 * 2**20, max_reserved_bytes=4 * 2**20)
+        r["ratios"] = ratios(r.get("measured"), r.get("predicted"))
+    results["summary"] = summarize(results["rows"])
+    md = render_markdown(results)
+    plain = results["rows"][0]
+    expected = 3 * 2**20 / plain["predicted"]["allocated_peak_bytes"]
+    assert plain["ratios"]["allocated_peak"] == pytest.approx(expected, rel=1e-12)
+    assert f"| 3.00 MiB | {format_bytes(plain['predicted']['allocated_peak_bytes'])} | {expected:.3f}x |" in md
+    assert results["summary"]["runtime"]["reserved_peak"] is not None
