@@ -249,3 +249,23 @@ def fit(
     return fit_table(model, get_hardware(hardware), gpu_memory_bytes_for(gpu_memory),
                      micro_batches=micro_batches or DEFAULT_MICRO_BATCHES, seq_lens=seq_lens,
                      policies=policies or DEFAULT_POLICIES, options=_device_options(device), progress=progress)
+
+
+def compile(model: Any, batch: Any = None, loss_fn: Any = None, *, hardware: Hardware | str = DEFAULT_HARDWARE,
+            budget: float | int | str = 0.5, policy: str = "slackswap", plan: Plan | list[Plan] | None = None,
+            backend: str = "inductor", **compile_kwargs: Any):
+    """``torch.compile(model)`` with each compiled graph planned and the plan carried out by the
+    partitioner (needs the torch extra). Use the result in place of ``torch.compile(model)``.
+
+    Each graph's forward nodes form its workload (times from the roofline on ``hardware``); the plan
+    (``policy`` within ``budget``, or ``plan=`` made for those workloads) becomes recompute tags and
+    offload marks. With ``batch`` and ``loss_fn`` one step is compiled now and its effects undone
+    (gradients, buffers, RNG). ``compiled.slackswap`` lists each graph's workload and plan
+    (docs/runtime.md, The compiled path)."""
+    from .errors import require
+
+    require("torch", "torch", "compiling a PyTorch model under a plan")
+    from .compiled.compile import compile_with_plan
+
+    return compile_with_plan(model, batch, loss_fn, hardware=hardware, budget=budget, policy=policy, plan=plan,
+                             backend=backend, **compile_kwargs)

@@ -97,3 +97,7 @@ def require(module: str, extra: str, purpose: str):
         return importlib.import_module(module)
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise MissingExtraError(module.split(".")[0], extra, purpose) from exc
+
+
+class BudgetWarning(UserWarning):
+    """A compiled graph could not be planned within its share of the budget and was planned at its minimum."""

@@ -1,0 +1,226 @@
+"""A Workload read off AOTAutograd's joint forward+backward graph, so plan actions map onto graph nodes.
+
+* **Ops** are the joint graph's forward ``call_function`` nodes in graph order, except the
+  ``getitem`` nodes that unpack a multi-output op (their tensors are outputs of that op). An op is
+  named after its node.
+* **Tensors** are *storages*, told apart by the fake tensors in ``node.meta["val"]``: a view, a
+  transpose or a split output shares its base's fake storage, so it is the same tensor. A tensor is
+  named after the first node that produced its storage (its *base node*). Parameters and buffers
+  (the graph's static-lifetime inputs) are not activations and are left out; the other graph inputs
+  (the batch) are step inputs.
+* **bwd_readers**: a backward node reads the storages of its forward inputs. AOTAutograd gives every
+  backward node the ``seq_nr`` of the forward op whose derivative formula made it; the reader is the
+  last forward op with that ``seq_nr`` (a backward node without one is attributed to the latest
+  producer among the storages it reads, which makes it read them no later than it really does).
+* **Times** are roofline estimates on the chosen hardware from each node's FLOPs
+  (``torch.utils.flop_counter``'s formula registry, the one ``FlopCounterMode`` uses) and the bytes of
+  its tensor arguments and results; backward = 2x forward for ops with a backward, as the profiler does.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import torch
+import torch.fx as fx
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils.flop_counter import flop_registry
+
+from ..hardware import Hardware
+from ..profiler.build import BACKWARD_TO_FORWARD, call_layer, op_kind, roofline_time_s
+from ..workload import Op, Tensor, Workload
+
+_VIEW_KIND = "view"
+
+
+@dataclass(frozen=True)
+class GraphWorkload:
+    """The workload of one joint graph and how its names map back onto the graph's nodes."""
+
+    workload: Workload
+    storage_of_node: Mapping[str, str]
+    """Forward node (or graph input) name -> the workload tensor (storage) it holds; absent for parameters."""
+    base_node: Mapping[str, str]
+    """Workload tensor -> the node that first produced it."""
+    op_of_seq_nr: Mapping[int, str]
+    """AOTAutograd seq_nr -> workload op whose backward carries it."""
+    end_source: str
+    """Source line ('File "...", line N, in f') of the graph's last forward op that records one."""
+
+
+def is_backward_node(node: fx.Node) -> bool:
+    return node.meta.get("partitioner_tag") == "is_backward" or (
+        node.op == "placeholder" and node.name.startswith("tangents")
+    )
+
+
+def is_forward_op_node(node: fx.Node) -> bool:
+    return node.op == "call_function" and not is_backward_node(node)
+
+
+def _fake_storage(value: Any):
+    if isinstance(value, torch.Tensor):
+        return StorageWeakRef(value.untyped_storage())
+    return None
+
+
+def _flops(node: fx.Node) -> float:
+    packet = getattr(node.target, "overloadpacket", None)
+    formula = flop_registry.get(packet)
+    if formula is None:
+        return 0.0
+    args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
+    try:
+        return float(formula(*args, **kwargs, out_val=node.meta.get("val")))
+    except Exception:  # a formula that does not accept these arguments: count it as FlopCounterMode would fail to
+        return 0.0
+
+
+def _tensor_bytes(value: Any) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, (tuple, list)):
+        return sum(_tensor_bytes(v) for v in value)
+    return 0
+
+
+def _layer(node: fx.Node) -> int | None:
+    stack = node.meta.get("nn_module_stack")
+    if not stack:
+        return None
+    path = list(stack.values())[-1][0]
+    return call_layer(path.replace("L['self'].", "").replace("['", ".").replace("']", ""))
+
+
+def build_graph_workload(joint: fx.GraphModule, static_input_indices, hardware: Hardware, *,
+                         name: str) -> GraphWorkload:
+    """The Workload of ``joint`` (AOTAutograd's joint graph) with roofline times on ``hardware``."""
+    graph = joint.graph
+    static = set(static_input_indices or ())
+    storage_name: dict[Any, str] = {}      # fake storage -> workload tensor name
+    storage_of_node: dict[str, str] = {}
+    parameter_storages: set[Any] = set()
+    sizes: dict[str, int] = {}
+    producer: dict[str, str | None] = {}
+    step_inputs: list[str] = []
+    primal_index = 0
+    for node in graph.find_nodes(op="placeholder"):
+        if is_backward_node(node):
+            continue
+        key = _fake_storage(node.meta.get("val"))
+        if key is None:
+            primal_index += 1
+            continue
+        if primal_index in static:
+            parameter_storages.add(key)
+        elif key not in storage_name:
+            storage_name[key] = node.name
+            sizes[node.name] = node.meta["val"].untyped_storage().nbytes()
+            producer[node.name] = None
+            step_inputs.append(node.name)
+        if key in storage_name:
+            storage_of_node[node.name] = storage_name[key]
+        primal_index += 1
+
+    forward = [n for n in graph.nodes if is_forward_op_node(n)]
+    op_nodes = [n for n in forward if n.target is not operator.getitem]
+    op_index = {n.name: i for i, n in enumerate(op_nodes)}
+    outputs: dict[str, list[str]] = {n.name: [] for n in op_nodes}
+    inputs: dict[str, list[str]] = {n.name: [] for n in op_nodes}
+    base_node: dict[str, str] = {name_: name_ for name_ in step_inputs}
+    owner_op: dict[str, str] = {}
+    for node in forward:
+        owner = node.args[0].name if node.target is operator.getitem else node.name
+        owner_op[node.name] = owner
+        key = _fake_storage(node.meta.get("val"))
+        if key is None or key in parameter_storages:
+            continue
+        if key not in storage_name:
+            storage_name[key] = node.name
+            sizes[node.name] = node.meta["val"].untyped_storage().nbytes()
+            producer[node.name] = owner
+            base_node[node.name] = node.name
+            outputs[owner].append(node.name)
+        storage_of_node[node.name] = storage_name[key]
+    for node in op_nodes:
+        for arg in node.all_input_nodes:
+            storage = storage_of_node.get(arg.name)
+            if storage is not None and storage not in inputs[node.name] and storage not in outputs[node.name]:
+                inputs[node.name].append(storage)
+
+    op_of_seq_nr: dict[int, str] = {}
+    for node in op_nodes:
+        if "seq_nr" in node.meta:
+            op_of_seq_nr[node.meta["seq_nr"]] = node.name
+    readers: dict[str, list[str]] = {}
+    has_backward: set[str] = set()
+    for node in graph.nodes:
+        if node.op != "call_function" or not is_backward_node(node):
+            continue
+        read = [storage_of_node[a.name] for a in node.all_input_nodes
+                if not is_backward_node(a) and a.name in storage_of_node]
+        reader = op_of_seq_nr.get(node.meta.get("seq_nr"))
+        if reader is None:
+            produced = [op_index[producer[s]] for s in read if producer[s] is not None]
+            if not produced:
+                continue
+            reader = op_nodes[max(produced)].name
+        has_backward.add(reader)
+        for storage in read:
+            made_by = producer[storage]
+            op_name = reader
+            if made_by is not None and op_index[made_by] > op_index[reader]:
+                op_name = made_by  # read no earlier than the op that made it
+            if storage not in inputs[op_name] and storage not in outputs[op_name]:
+                inputs[op_name].append(storage)
+            bucket = readers.setdefault(storage, [])
+            if op_name not in bucket:
+                bucket.append(op_name)
+
+    layers = [_layer(n) for n in op_nodes]
+    known = [l for l in layers if l is not None]
+    last_layer = max(known) + 1 if known else 0
+    first_layered = next((i for i, l in enumerate(layers) if l is not None), len(op_nodes))
+    ops = []
+    for i, node in enumerate(op_nodes):
+        aten = getattr(getattr(node.target, "overloadpacket", None), "__name__", str(node.target))
+        kind = op_kind(aten, not outputs[node.name])  # no new storage: a view (or a view of a parameter)
+        flops = _flops(node)
+        traffic = 0.0 if kind == _VIEW_KIND else float(
+            _tensor_bytes(node.meta.get("val"))
+            + sum(_tensor_bytes(a.meta.get("val")) for a in node.all_input_nodes))
+        fwd = roofline_time_s(hardware, kind, flops, traffic)
+        layer = layers[i] if layers[i] is not None else (-1 if i < first_layered else last_layer)
+        ops.append(Op(
+            name=node.name, layer=layer, kind=kind, fwd_time_s=fwd,
+            bwd_time_s=BACKWARD_TO_FORWARD * fwd if node.name in has_backward else 0.0,
+            flops=flops, bytes_accessed=traffic, inputs=tuple(inputs[node.name]),
+            outputs=tuple(outputs[node.name]),
+        ))
+    order = {n.name: i for i, n in enumerate(op_nodes)}
+    tensors = [
+        Tensor(name=s, size_bytes=sizes[s], producer=producer[s],
+               bwd_readers=tuple(sorted(readers.get(s, ()), key=order.__getitem__)))
+        for s in step_inputs
+    ]
+    for node in op_nodes:
+        for s in outputs[node.name]:
+            tensors.append(Tensor(name=s, size_bytes=sizes[s], producer=producer[s],
+                                  bwd_readers=tuple(sorted(readers.get(s, ()), key=order.__getitem__))))
+    workload = Workload(
+        name=name, ops=tuple(ops), tensors=tuple(tensors),
+        meta={"source": "slackswap.compiled", "times": f"roofline on {hardware.name}"},
+    )
+    return GraphWorkload(workload=workload, storage_of_node=storage_of_node, base_node=base_node,
+                         op_of_seq_nr=op_of_seq_nr, end_source=_end_source(op_nodes))
+
+
+def _end_source(op_nodes: list[fx.Node]) -> str:
+    for node in reversed(op_nodes):
+        lines = [line.strip() for line in str(node.meta.get("stack_trace") or "").splitlines()
+                 if line.strip().startswith("File")]
+        if lines:
+            return lines[-1]
+    return ""

@@ -1,0 +1,143 @@
+"""The partition function that plans each joint graph and carries the plan out, and the two
+torch.compile backends built on it (``aot_eager`` and ``inductor`` with this partitioner)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.fx as fx
+from torch._functorch.partitioners import default_partition
+
+from ..errors import PlanMismatchError, ValidationError
+from ..hardware import Hardware
+from ..plans import Action, Plan, check_plan
+from ..schedule import make_plan
+from ..workload import Workload
+from . import carry_out
+from .graph_workload import GraphWorkload, build_graph_workload
+
+
+@dataclass
+class CompiledGraph:
+    """What slackswap did to one compiled graph: its workload, its plan and what the partition holds."""
+
+    workload: Workload
+    plan: Plan
+    saved: list[tuple[str, int, str]]
+    """(node, storage bytes, kind) of every tensor the forward graph saves, in save order
+    (kinds: slackswap.compiled.carry_out.ACTIVATION, OFFLOADED, RNG_STATE, PARAMETER)."""
+    offloaded_bytes: dict[str, int]
+    reload_positions: dict[str, int]
+    recompute_copies: int
+    graph_recompute_flops: float
+    plan_recompute_flops: float
+    graph_workload: GraphWorkload = field(repr=False)
+    backward_graph: fx.GraphModule = field(repr=False)
+    """The partitioned backward graph as slackswap left it (before the backend compiles it)."""
+
+    @property
+    def kept_bytes(self) -> int:
+        return self.plan.bytes_with(self.workload, Action.KEEP)
+
+    @property
+    def swapped_bytes(self) -> int:
+        return self.plan.bytes_with(self.workload, Action.SWAP)
+
+
+PlanFn = Callable[[Workload], Plan]
+
+
+class PlanningPartitioner:
+    """AOTAutograd partition function: profile the joint graph, plan it, tag it, partition it with
+    PyTorch's default partitioner, then insert the plan's copies. One instance per ``slackswap.compile``."""
+
+    def __init__(self, hardware: Hardware, make_plan: PlanFn, *, name: str) -> None:
+        self.hardware = hardware
+        self.make_plan = make_plan
+        self.name = name
+        self.graphs: list[CompiledGraph] = []
+        self.warming_up = False
+        """True while slackswap.compile runs its warm-up step (graphs compiled then are one model's graphs)."""
+
+    def __call__(self, joint: fx.GraphModule, joint_inputs: Sequence[Any], *, num_fwd_outputs: int,
+                 static_lifetime_input_indices: list[int] | None = None, **_: Any):
+        graph_workload = build_graph_workload(
+            joint, static_lifetime_input_indices, self.hardware, name=f"{self.name}.graph{len(self.graphs)}")
+        workload = graph_workload.workload
+        if any(t.producer is not None for t in workload.saved_tensors):
+            plan = self.make_plan(workload)
+        else:  # it saves only its inputs (a graph after a break, say): nothing to plan, all kept
+            plan = make_plan(workload, {}, policy="ideal", budget_bytes=None)
+        check_plan(graph_workload.workload, plan)
+        carry_out.tag_joint_graph(joint, graph_workload, plan)
+        fw, bw = default_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs,
+                                   static_lifetime_input_indices=static_lifetime_input_indices)
+        copies = carry_out.split_shared_recompute(bw, graph_workload, plan)
+        use_streams = _accelerator_graph(fw)
+        offloaded = carry_out.offload_swapped(fw, bw, graph_workload, plan, use_streams=use_streams)
+        positions = carry_out.place_reloads(bw, graph_workload, plan) if offloaded else {}
+        self.graphs.append(CompiledGraph(
+            workload=graph_workload.workload, plan=plan,
+            saved=carry_out.saved_tensor_layout(fw, num_fwd_outputs, graph_workload), offloaded_bytes=offloaded,
+            reload_positions=positions, recompute_copies=copies,
+            graph_recompute_flops=carry_out.graph_recompute_flops(bw),
+            plan_recompute_flops=carry_out.plan_recompute_flops(plan, graph_workload),
+            graph_workload=graph_workload, backward_graph=bw,
+        ))
+        return fw, bw
+
+
+def _accelerator_graph(fw: fx.GraphModule) -> bool:
+    for node in fw.graph.find_nodes(op="placeholder"):
+        value = node.meta.get("val")
+        if isinstance(value, torch.Tensor) and value.device.type != "cpu":
+            return True
+    return False
+
+
+def plan_lookup(plans: Sequence[Plan]) -> PlanFn:
+    """A PlanFn that returns the given plan made for a graph's workload (matched by fingerprint)."""
+    by_fingerprint = {p.workload_fingerprint: p for p in plans}
+
+    def lookup(workload: Workload) -> Plan:
+        plan = by_fingerprint.get(workload.fingerprint)
+        if plan is None:
+            raise PlanMismatchError(
+                f"no given plan was made for compiled graph {workload.name!r} (fingerprint {workload.fingerprint}): "
+                "make the plans from slackswap.compile's own workloads (compiled.slackswap.workloads)")
+        return plan
+
+    return lookup
+
+
+def make_backend(partitioner: PlanningPartitioner, backend: str) -> Callable:
+    """A torch.compile backend that partitions through ``partitioner``."""
+    if backend == "aot_eager":
+        from torch._dynamo.backends.common import aot_autograd
+        from torch._dynamo.backends.debugging import boxed_nop
+
+        return aot_autograd(fw_compiler=boxed_nop, bw_compiler=boxed_nop, partition_fn=partitioner,
+                            keep_inference_input_mutations=True)
+    if backend == "inductor":
+        from torch._inductor.compile_fx import compile_fx
+        from torch._inductor.custom_graph_pass import CustomPartitionerFn
+
+        class _Partitioner(CustomPartitionerFn):
+            def __call__(self, gm, joint_inputs, **kwargs):
+                kwargs.pop("compiler", None)
+                return partitioner(gm, joint_inputs, **kwargs)
+
+            def uuid(self):
+                return None  # never served from a cache: the plan depends on more than the graph
+
+        custom = _Partitioner()
+
+        def inductor_backend(gm, example_inputs, **kwargs):
+            with torch._inductor.config.patch(custom_partitioner_fn=custom, fx_graph_cache=False), \
+                    torch._functorch.config.patch(enable_autograd_cache=False):
+                return compile_fx(gm, example_inputs, **kwargs)
+
+        return inductor_backend
+    raise ValidationError(f"backend {backend!r} is not supported by slackswap.compile: use 'inductor' or 'aot_eager'")
