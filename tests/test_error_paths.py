@@ -110,7 +110,7 @@ def test_plan_with_a_tensor_swapped_that_is_a_step_input(files):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--model", "gpt-5"], "unknown model 'gpt-5': choose one of bert-large, gpt2-xl, llama-7b, or custom"),
+    (["--model", "gpt-5"], "unknown model 'gpt-5': choose one of bert-large, gpt2-xl, llama-7b, llama-3-8b, llama-2-70b, or custom"),
     (["--hardware", "tpu-v9", "--workload", "W"], "unknown hardware 'tpu-v9': choose one of a100-40gb-pcie4"),
     (["--policy", "teleport", "--workload", "W"], "unknown policy 'teleport': choose one of ideal, full-recompute"),
 ])

@@ -13,8 +13,10 @@ from slackswap.workloads.synthetic import chain
 
 # Parameter counts of the Hugging Face checkpoints (model.num_parameters()), derived by hand
 # from their configs: gpt2-xl 1,557,611,200; Llama-2-7b 6,738,415,616; bert-large-uncased
-# BertForMaskedLM (no pooler) 335,174,458.
-HF_COUNTS = {"gpt2-xl": 1_557_611_200, "llama-7b": 6_738_415_616, "bert-large": 335_174_458}
+# BertForMaskedLM (no pooler) 335,174,458; with grouped-query attention, Meta-Llama-3-8B
+# 8,030,261,248 and Llama-2-70b 68,976,648,192 (their model cards' 8B and 70B).
+HF_COUNTS = {"gpt2-xl": 1_557_611_200, "llama-7b": 6_738_415_616, "bert-large": 335_174_458,
+             "llama-3-8b": 8_030_261_248, "llama-2-70b": 68_976_648_192}
 
 
 @pytest.mark.parametrize("name", sorted(HF_COUNTS))

@@ -26,7 +26,13 @@ def test_builtin_configs_are_the_documented_ones():
         "bert-large": (24, 1024, 16, 4096, 30522, 512, 16),
         "gpt2-xl": (48, 1600, 25, 6400, 50257, 1024, 8),
         "llama-7b": (32, 4096, 32, 11008, 32000, 2048, 4),
+        "llama-3-8b": (32, 4096, 32, 14336, 128256, 8192, 1),
+        "llama-2-70b": (80, 8192, 64, 28672, 32000, 4096, 1),
     }
+    assert {n: s.num_kv_heads for n, s in MODELS.items() if s.num_kv_heads != s.heads} == {
+        "llama-3-8b": 8, "llama-2-70b": 8}
+    assert {n: (s.tensor_parallel, s.sequence_parallel) for n, s in MODELS.items() if s.is_parallel} == {
+        "llama-2-70b": (8, True)}
     assert {n: s.attention for n, s in MODELS.items()} == dict.fromkeys(MODELS, "flash")
     llama = MODELS["llama-7b"]
     assert (llama.mlp, llama.norm, llama.dropout, llama.rope) == ("swiglu", "rmsnorm", False, True)

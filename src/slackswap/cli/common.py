@@ -34,7 +34,26 @@ def add_workload_args(parser: argparse.ArgumentParser, *, required: bool = True)
     group.add_argument("--norm", dest="spec_norm", choices=("layernorm", "rmsnorm"), help="normalization kind")
     group.add_argument("--dropout", dest="spec_dropout", action=argparse.BooleanOptionalAction, default=None,
                        help="dropout on or off")
+    add_layout_args(group)
     parser.set_defaults(_workload_required=required)
+
+
+# flag: (spec field, help); each takes a positive integer.
+LAYOUT_FLAGS = {
+    "--kv-heads": ("kv_heads", "key/value heads (grouped-query attention; default: as many as --heads)"),
+    "--tp": ("tensor_parallel", "tensor-parallel degree t: the workload is one rank's"),
+    "--cp": ("context_parallel", "context-parallel degree: each rank holds seq-len/cp tokens"),
+    "--pp": ("pipeline_parallel", "pipeline stages p (1F1B: stage i holds p - i micro-batches in flight)"),
+    "--pp-stage": ("pipeline_stage", "which pipeline stage's rank to build (default 0, the one holding most)"),
+}
+
+
+def add_layout_args(group) -> None:
+    """The parallel-layout options of every command that takes --model."""
+    for flag, (field, text) in LAYOUT_FLAGS.items():
+        group.add_argument(flag, dest=f"spec_{field}", type=int, metavar="N", help=text)
+    group.add_argument("--sp", dest="spec_sequence_parallel", action=argparse.BooleanOptionalAction, default=None,
+                       help="Megatron sequence parallelism over the --tp ranks on or off")
 
 
 def add_hardware_arg(parser: argparse.ArgumentParser, default: str = DEFAULT_HARDWARE) -> None:

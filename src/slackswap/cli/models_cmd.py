@@ -20,9 +20,19 @@ def run(args) -> int:
     from ..report.console import render_table
 
     render_table(
-        ("model", "layers", "hidden", "heads", "ffn", "vocab", "seq (tokens)", "micro-batch", "attention", "mlp", "norm", "dropout"),
-        [(name, s.layers, s.hidden, s.heads, s.ffn, s.vocab, s.seq_len, s.micro_batch, s.attention, s.mlp, s.norm,
-          "on" if s.dropout else "off") for name, s in MODELS.items()],
+        ("model", "layers", "hidden", "heads", "kv heads", "ffn", "vocab", "seq (tokens)", "micro-batch", "attention",
+         "mlp", "norm", "dropout", "layout"),
+        [(name, s.layers, s.hidden, s.heads, s.num_kv_heads, s.ffn, s.vocab, s.seq_len, s.micro_batch, s.attention,
+          s.mlp, s.norm, "on" if s.dropout else "off", _layout(s)) for name, s in MODELS.items()],
     )
     print("custom models: --model custom with --layers --hidden --heads --ffn --vocab --seq-len --micro-batch")
+    print("parallel layouts (one rank's workload): --tp N [--sp] --cp N --pp N --pp-stage N --kv-heads N")
+
+
+def _layout(spec) -> str:
+    parts = [f"{flag}={value}" for flag, value in (("tp", spec.tensor_parallel), ("cp", spec.context_parallel),
+                                                   ("pp", spec.pipeline_parallel)) if value > 1]
+    if spec.sequence_parallel:
+        parts.append("sp")
+    return " ".join(parts) or "1 GPU"
     return 0

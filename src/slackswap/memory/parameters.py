@@ -33,7 +33,8 @@ def transformer_parameters(spec: TransformerSpec) -> ParameterCount:
     layernorm = spec.norm == "layernorm"
     bias = layernorm  # GPT-2 / BERT carry biases; Llama has none
     norm = 2 * h if layernorm else h  # weight and bias, or weight only
-    attention = 4 * h * h + (4 * h if bias else 0)  # Q, K, V and output projections
+    kv = spec.num_kv_heads * (h // spec.heads)  # K and V widths (smaller with grouped-query attention)
+    attention = 2 * h * h + 2 * h * kv + (2 * h + 2 * kv if bias else 0)  # Q, K, V and output projections
     if spec.mlp == "gelu":
         mlp = 2 * h * f + (f + h if bias else 0)
     else:

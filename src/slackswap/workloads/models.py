@@ -13,9 +13,10 @@ from ..errors import UnknownNameError, ValidationError
 from ..hardware import Hardware
 from ..workload import Workload
 from .spec import TransformerSpec
+from .layout import Shapes
 from .transformer import (
     ASSUMPTIONS, FP32_BYTES, INDEX_BYTES, LAYERNORM_STATS_BYTES, MASK_BYTES, RMSNORM_STATS_BYTES,
-    build_transformer,
+    assumptions_for, build_transformer, micro_batches_in_flight,
 )
 
 __all__ = [
@@ -49,12 +50,29 @@ MODELS: dict[str, TransformerSpec] = {
         name="llama-7b", layers=32, hidden=4096, heads=32, ffn=11008, vocab=32000, seq_len=2048, micro_batch=4,
         attention="flash", mlp="swiglu", norm="rmsnorm", dropout=False, causal=True, post_norm=False, rope=True,
     ),
+    # HF Meta-Llama-3-8B: L32 h4096 a32, 8 KV heads (GQA), f14336, V128256; pre-trained at s=8192
+    # (Llama 3 paper, arXiv 2407.21783); b=1 gives T=8192 like the others.
+    "llama-3-8b": TransformerSpec(
+        name="llama-3-8b", layers=32, hidden=4096, heads=32, ffn=14336, vocab=128256, seq_len=8192, micro_batch=1,
+        attention="flash", mlp="swiglu", norm="rmsnorm", dropout=False, causal=True, post_norm=False, rope=True,
+        kv_heads=8,
+    ),
+    # HF Llama-2-70b: L80 h8192 a64, 8 KV heads (GQA), f28672, V32000; s=4096 (Llama 2 paper,
+    # arXiv 2307.09288). Its activations do not fit one GPU (about 99 GB at b=1), so the default
+    # layout is one rank of t=8 with sequence parallelism, Megatron-LM's layout within an 8-GPU node.
+    "llama-2-70b": TransformerSpec(
+        name="llama-2-70b", layers=80, hidden=8192, heads=64, ffn=28672, vocab=32000, seq_len=4096, micro_batch=1,
+        attention="flash", mlp="swiglu", norm="rmsnorm", dropout=False, causal=True, post_norm=False, rope=True,
+        kv_heads=8, tensor_parallel=8, sequence_parallel=True,
+    ),
 }
 
 MODEL_SOURCES: dict[str, str] = {
     "bert-large": "HF bert-large-uncased config; NVIDIA DeepLearningExamples BERT pretrain_config.sh (phase 2)",
     "gpt2-xl": "HF gpt2-xl config; micro-batch 8 assumed",
     "llama-7b": "HF Llama-2-7b config; LLaMA paper (s=2048)",
+    "llama-3-8b": "HF Meta-Llama-3-8B config; Llama 3 paper arXiv 2407.21783 (s=8192)",
+    "llama-2-70b": "HF Llama-2-70b config; Llama 2 paper arXiv 2307.09288 (s=4096); t=8 with SP assumed",
 }
 
 # Keys build_model_workload accepts; the CLI flag for each is --<key with - for _>.
@@ -124,48 +142,59 @@ def build_model_workload(name: str, hardware: Hardware, **overrides: Any) -> Wor
         "kind": "transformer",
         "model": spec.to_dict(),
         "hardware": hardware.name,
-        "assumptions": list(ASSUMPTIONS),
+        "assumptions": assumptions_for(spec),
         "source": MODEL_SOURCES.get(spec.name, "custom configuration"),
     }
     return build_transformer(spec, hardware, name=workload_label(spec), meta=meta)
 
 
 def closed_form_saved_bytes(spec: TransformerSpec) -> dict[str, int]:
-    """Saved bytes of one step from formulas, independent of the op-level builder.
+    """Saved bytes of one step on one rank from formulas, independent of the op-level builder.
 
     Keys: ``per_layer`` (every layer is the same), ``per_layer_korthikanti`` (the part the
-    Korthikanti formula covers: sbh(34 + 5as/h) for eager attention with dropout and a 4h
-    GELU MLP), ``per_layer_norm_stats``, ``embedding`` (token ids, BERT's embedding
-    LayerNorm input and statistics, embedding dropout mask), ``head`` (final norm or MLM
-    transform inputs, LM head input), ``loss`` (logits, fp32 log-probabilities, labels) and
-    ``total`` = layers x per_layer + embedding + head + loss, which is the peak when
-    everything is kept.
+    Korthikanti formulas cover: sbh(34 + 5as/h) for eager attention with dropout and a 4h
+    GELU MLP on one GPU, sbh(10 + 24/t + 5as/(ht)) with tensor parallelism, sbh(34 + 5as/h)/t
+    with sequence parallelism too), ``per_layer_norm_stats``, ``embedding`` (token ids, BERT's
+    embedding LayerNorm input and statistics, embedding dropout mask; first pipeline stage
+    only), ``head`` (final norm or MLM transform inputs, LM head input; last stage only),
+    ``loss`` (logits, fp32 log-probabilities, labels; last stage only), ``micro_batches``
+    (in flight on this stage) and ``total`` = micro_batches x (layers of the stage x per_layer
+    + embedding) + head + loss, which is the peak when everything is kept.
     """
-    T, h, f, a, d = spec.tokens, spec.hidden, spec.ffn, spec.heads, spec.dtype_bytes
-    s, b, V = spec.seq_len, spec.micro_batch, spec.vocab
+    r = Shapes(spec)
+    T, Ts, h, d = r.T, r.Ts, spec.hidden, spec.dtype_bytes
     mask = MASK_BYTES if spec.dropout else 0
-    # Per layer: the inputs of the two norms and of QKV and FC1/gate_up (4 x Th; pre- and
-    # post-LN alike), Q, K, V (3Th), the attention output = out-proj input (Th), two
-    # dropout masks, and the MLP's saved [T, f] tensors (GELU: FC1 out, GELU out; fused
-    # SwiGLU: gate, up, product).
-    linear = (4 + 3 + 1) * d * T * h + 2 * mask * T * h + (2 if spec.mlp == "gelu" else 3) * d * T * f
+    # Per layer: the inputs of the two norms and of QKV and FC1/gate_up (4 x Ts h: with sequence
+    # parallelism the GEMM inputs are kept as s/t shards and gathered again), Q, K, V, the
+    # attention output = out-proj input, two dropout masks on the residual stream, and the MLP's
+    # saved [T, f/t] tensors (GELU: FC1 out, GELU out; fused SwiGLU: gate, up, product).
+    linear = (4 * d * Ts * h + d * T * (2 * r.q_width + 2 * r.kv_width) + 2 * mask * Ts * h
+              + (2 if spec.mlp == "gelu" else 3) * d * T * r.ffn)
     if spec.attention == "eager":
         # softmax output (d), dropout mask (1) and dropped probabilities (d) per score; without
         # dropout the softmax output serves both softmax and P.V backward.
-        core = (2 * d + 1 if spec.dropout else d) * a * s * s * b
+        core = (2 * d + 1 if spec.dropout else d) * r.scores_elems
     else:
-        core = FP32_BYTES * a * T  # log-sum-exp per head per query
-    stats_per_norm = (LAYERNORM_STATS_BYTES if spec.norm == "layernorm" else RMSNORM_STATS_BYTES) * T
+        core = FP32_BYTES * r.heads * T  # log-sum-exp per head per query
+    stats_per_norm = (LAYERNORM_STATS_BYTES if spec.norm == "layernorm" else RMSNORM_STATS_BYTES) * Ts
     per_layer_stats = 2 * stats_per_norm
     per_layer_korthikanti = linear + core
     per_layer = per_layer_korthikanti + per_layer_stats
-    embedding = INDEX_BYTES * T + mask * T * h
-    if spec.post_norm:
-        embedding += d * T * h + stats_per_norm  # embedding LayerNorm input and statistics
-        head = 4 * d * T * h + stats_per_norm  # dense in, GELU in, norm in, LM-head in
-    else:
-        head = 2 * d * T * h + stats_per_norm  # final norm in, LM-head in
-    loss = d * T * V + FP32_BYTES * T * V + INDEX_BYTES * T
+    first_stage = spec.pipeline_stage == 0
+    last_stage = spec.pipeline_stage == spec.pipeline_parallel - 1
+    embedding = head = loss = 0
+    if first_stage:
+        embedding = INDEX_BYTES * T + mask * Ts * h
+        if spec.post_norm:
+            embedding += d * Ts * h + stats_per_norm  # embedding LayerNorm input and statistics
+    if last_stage:
+        if spec.post_norm:
+            head = 4 * d * Ts * h + stats_per_norm  # dense in, GELU in, norm in, LM-head in
+        else:
+            head = 2 * d * Ts * h + stats_per_norm  # final norm in, LM-head in
+        loss = d * T * r.vocab + FP32_BYTES * T * r.vocab + INDEX_BYTES * T
+    micro_batches = micro_batches_in_flight(spec)
+    stage_layers = spec.layers // spec.pipeline_parallel
     return {
         "per_layer": per_layer,
         "per_layer_korthikanti": per_layer_korthikanti,
@@ -173,5 +202,6 @@ def closed_form_saved_bytes(spec: TransformerSpec) -> dict[str, int]:
         "embedding": embedding,
         "head": head,
         "loss": loss,
-        "total": spec.layers * per_layer + embedding + head + loss,
+        "micro_batches": micro_batches,
+        "total": micro_batches * (stage_layers * per_layer + embedding) + head + loss,
     }

@@ -73,17 +73,20 @@ def elementwise_cost(flops: float, traffic_bytes: float) -> OpCost:
 
 
 def flash_attention_cost(
-    *, micro_batch: int, seq_len: int, hidden: int, heads: int, causal: bool, dtype_bytes: int
+    *, micro_batch: int, q_len: int, kv_len: int, q_width: int, kv_width: int, heads: int, causal: bool,
+    dtype_bytes: int,
 ) -> OpCost:
-    """FlashAttention forward and backward.
+    """FlashAttention forward and backward for ``q_len`` queries over ``kv_len`` keys.
 
-    Forward: QK^T and P.V are 2bs^2h FLOPs each (4bs^2h), half when causal because the
-    kernel skips the masked blocks. Backward: 2.5x forward. Traffic: forward reads Q, K, V
-    and writes O and the fp32 log-sum-exp; backward reads Q, K, V, O, dO and the LSE and
-    writes dQ, dK, dV. The s x s scores never reach HBM.
+    Forward: QK^T and P.V are 2b x q_len x kv_len x q_width FLOPs each, half when causal
+    because the kernel skips the masked blocks. Backward: 2.5x forward. ``q_width`` is
+    heads x head_dim, ``kv_width`` kv_heads x head_dim (smaller with grouped-query attention).
+    Traffic: forward reads Q, K, V and writes O and the fp32 log-sum-exp; backward reads Q,
+    K, V, O, dO and the LSE and writes dQ, dK, dV. The scores never reach HBM.
     """
-    tokens = micro_batch * seq_len
-    flops = 4.0 * micro_batch * seq_len * seq_len * hidden * (0.5 if causal else 1.0)
-    th = tokens * hidden * dtype_bytes
-    lse = 4 * heads * tokens
-    return OpCost(flops, float(4 * th + lse), FLASH_BWD_FLOP_FACTOR * flops, float(8 * th + lse), ATTENTION)
+    flops = 4.0 * micro_batch * q_len * kv_len * q_width * (0.5 if causal else 1.0)
+    q = micro_batch * q_len * q_width * dtype_bytes
+    kv = micro_batch * kv_len * kv_width * dtype_bytes
+    lse = 4 * heads * micro_batch * q_len
+    return OpCost(flops, float(2 * q + 2 * kv + lse), FLASH_BWD_FLOP_FACTOR * flops,
+                  float(4 * q + 4 * kv + lse), ATTENTION)
