@@ -54,7 +54,8 @@ def test_explanation_is_empty_within_tolerance():
 def test_sensitivity_varies_one_thing_at_a_time():
     result = run_reproduce(models=("llama-7b",), policies=("slackswap",), sensitivity=True)
     variants = [e["variant"] for e in result["sensitivity"]]
-    assert variants[1:] == ["eager attention", "gemm efficiency 0.5", "gemm efficiency 0.7", "duplex slowdown off"]
+    assert variants[1:] == ["eager attention", "gemm efficiency 0.5", "gemm efficiency 0.7", "duplex slowdown off",
+                            "duplex H2D x0.25", "duplex H2D x0.93 (a PCIe 5.0 log)"]
     by = {e["variant"]: e for e in result["sensitivity"]}
     # Eager attention stores the s^2 probabilities: a larger unconstrained peak.
     assert by["eager attention"]["unconstrained_peak_bytes"] > by[variants[0]]["unconstrained_peak_bytes"]

@@ -45,6 +45,9 @@ class Hardware:
     """H2D bandwidth is multiplied by this while a D2H copy is in flight (1.0 = full duplex)."""
     duplex_d2h_factor: float = 1.0
     """D2H bandwidth is multiplied by this while an H2D copy is in flight."""
+    collective_bytes_per_s: float | None = None
+    """Bus bandwidth of ring collectives between the GPUs of a tensor-parallel group (NVLink or
+    NVSwitch), as nccl-tests report it (busbw); None: no GPU-to-GPU link is described."""
     sources: tuple[str, ...] = ()
     pinned_host_bytes: int | None = None
     """Pinned host memory the swaps of one GPU may use; None: unlimited (docs/memory.md, Host memory)."""
@@ -57,7 +60,8 @@ class Hardware:
                 f"hardware.pinned_host_bytes must be a positive integer or absent, got {self.pinned_host_bytes!r}")
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.name in ("name", "description", "sources", "pinned_host_bytes"):
+            if f.name in ("name", "description", "sources", "pinned_host_bytes") or (
+                    f.name == "collective_bytes_per_s" and value is None):
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value in (float("inf"), float("-inf")):
                 raise ValidationError(f"hardware.{f.name} must be a finite number, got {value!r}")
@@ -73,8 +77,9 @@ class Hardware:
                 raise ValidationError(
                     f"hardware.{key} is {getattr(self, key)!r}; a fraction below {_MIN_FRACTION} is a typo: use 0.001 to 1"
                 )
-        for key in ("peak_flops_per_s", "hbm_bytes_per_s", "d2h_bytes_per_s", "h2d_bytes_per_s"):
-            if getattr(self, key) < 1:
+        for key in ("peak_flops_per_s", "hbm_bytes_per_s", "d2h_bytes_per_s", "h2d_bytes_per_s",
+                    "collective_bytes_per_s"):
+            if getattr(self, key) is not None and getattr(self, key) < 1:
                 raise ValidationError(f"hardware.{key} is {getattr(self, key)!r}; it must be at least 1 per second")
         if self.copy_latency_s > _MAX_COPY_LATENCY_S:
             raise ValidationError(
@@ -129,6 +134,9 @@ class Hardware:
         kwargs["copy_latency_s"] = f.number("copy_latency_s")
         kwargs["duplex_h2d_factor"] = f.number("duplex_h2d_factor", positive=True, default=1.0)
         kwargs["duplex_d2h_factor"] = f.number("duplex_d2h_factor", positive=True, default=1.0)
+        if f.obj.get("collective_bytes_per_s") is not None:
+            kwargs["collective_bytes_per_s"] = f.number("collective_bytes_per_s", positive=True)
+        f.used.add("collective_bytes_per_s")
         kwargs["sources"] = f.str_list("sources", default=[])
         if f.obj.get("pinned_host_bytes") is not None:
             kwargs["pinned_host_bytes"] = f.int("pinned_host_bytes", positive=True)
@@ -157,12 +165,17 @@ _PCIE4 = dict(
     d2h_bytes_per_s=24 * GB, h2d_bytes_per_s=24 * GB,
     # With both directions busy, H2D fell to 11-13 GB/s while D2H held ~24 GB/s (nvbandwidth #11, #53).
     duplex_h2d_factor=0.5, duplex_d2h_factor=1.0,
+    # 8x A100 SXM4 on NVSwitch (NVLink 3, 300 GB/s per direction): nccl-tests measured ~200 GB/s
+    # all-reduce bus bandwidth on eight GPUs (nccl-tests issue #149).
+    collective_bytes_per_s=200 * GB,
 )
 _PCIE5 = dict(
     # PCIe 5.0 x16 is 63 GB/s per direction in theory; ~50 GB/s is the planning figure for copy-engine
     # transfers on H100 (nvbandwidth #24 measured 53 GB/s D2H, 35 GB/s H2D with SM copies).
     d2h_bytes_per_s=50 * GB, h2d_bytes_per_s=50 * GB,
-    # No published duplex measurement for PCIe 5.0 was found; we assume A100's measured halving.
+    # Assumed: A100's measured halving. The PCIe 5.0 logs found disagree with it (H2D at 51 of ~55 GB/s
+    # while D2H runs in nvbandwidth #53's thread, 0.93 in one HGX B300 log), each a single system;
+    # reproduce's sensitivity table shows 0.25 to 1.0.
     duplex_h2d_factor=0.5, duplex_d2h_factor=1.0,
 )
 
@@ -172,28 +185,45 @@ PRESETS: dict[str, Hardware] = {
         # A100 datasheet: 312 TFLOP/s dense bf16, 1555 GB/s HBM2, 40 GB.
         peak_flops_per_s=312e12, hbm_bytes_per_s=1555 * GB, hbm_capacity_bytes=40 * 10**9,
         **_EFFICIENCY, **_PCIE4,
-        sources=("NVIDIA A100 datasheet", "nvbandwidth issues #11, #53", "DualPath arXiv 2602.21548"),
+        sources=("NVIDIA A100 datasheet", "nvbandwidth issues #11, #53", "DualPath arXiv 2602.21548",
+                 "nccl-tests issue #149"),
     ),
     "a100-80gb-pcie4": Hardware(
         name="a100-80gb-pcie4", description="NVIDIA A100 80GB (HBM2e) on a PCIe 4.0 x16 host link",
         # A100 datasheet: 312 TFLOP/s dense bf16, 2039 GB/s HBM2e (SXM4), 80 GB.
         peak_flops_per_s=312e12, hbm_bytes_per_s=2039 * GB, hbm_capacity_bytes=80 * 10**9,
         **_EFFICIENCY, **_PCIE4,
-        sources=("NVIDIA A100 datasheet", "nvbandwidth issues #11, #53", "DualPath arXiv 2602.21548"),
+        sources=("NVIDIA A100 datasheet", "nvbandwidth issues #11, #53", "DualPath arXiv 2602.21548",
+                 "nccl-tests issue #149"),
     ),
     "h100-pcie5": Hardware(
         name="h100-pcie5", description="NVIDIA H100 PCIe 80GB (HBM2e) on a PCIe 5.0 x16 host link",
         # H100 PCIe datasheet: 756 TFLOP/s dense bf16, 2000 GB/s HBM2e, 80 GB.
         peak_flops_per_s=756e12, hbm_bytes_per_s=2000 * GB, hbm_capacity_bytes=80 * 10**9,
         **_EFFICIENCY, **_PCIE5,
-        sources=("NVIDIA H100 datasheet", "nvbandwidth issue #24", "DualPath arXiv 2602.21548"),
+        # H100 PCIe cards pair up over NVLink bridges: all_reduce_perf measured 116 GB/s bus
+        # bandwidth between two (NCCL issue #1161); beyond a pair traffic crosses PCIe.
+        collective_bytes_per_s=116 * GB,
+        sources=("NVIDIA H100 datasheet", "nvbandwidth issue #24", "DualPath arXiv 2602.21548", "NCCL issue #1161"),
+    ),
+    "h100-sxm-pcie5": Hardware(
+        name="h100-sxm-pcie5", description="NVIDIA H100 SXM5 80GB (HBM3) on a PCIe 5.0 x16 host link",
+        # H100 SXM datasheet: 989 TFLOP/s dense bf16, 3350 GB/s HBM3, 80 GB.
+        peak_flops_per_s=989e12, hbm_bytes_per_s=3350 * GB, hbm_capacity_bytes=80 * 10**9,
+        **_EFFICIENCY, **_PCIE5,
+        # NVLink 4 over NVSwitch: ~370 GB/s ring bus bandwidth (nccl-tests issue #212).
+        collective_bytes_per_s=370 * GB,
+        sources=("NVIDIA H100 datasheet", "nvbandwidth issue #24", "DualPath arXiv 2602.21548", "nccl-tests issue #212"),
     ),
     "h200-pcie5": Hardware(
         name="h200-pcie5", description="NVIDIA H200 141GB (HBM3e) on a PCIe 5.0 x16 host link",
         # H200 datasheet: 989 TFLOP/s dense bf16, 4800 GB/s HBM3e, 141 GB.
         peak_flops_per_s=989e12, hbm_bytes_per_s=4800 * GB, hbm_capacity_bytes=141 * 10**9,
         **_EFFICIENCY, **_PCIE5,
-        sources=("NVIDIA H200 datasheet", "nvbandwidth issue #24", "DualPath arXiv 2602.21548"),
+        # NVLink 4 is 450 GB/s per direction; NCCL's ring reaches ~370 GB/s bus bandwidth after
+        # protocol overhead (nccl-tests issue #212, NCCL maintainer's answer).
+        collective_bytes_per_s=370 * GB,
+        sources=("NVIDIA H200 datasheet", "nvbandwidth issue #24", "DualPath arXiv 2602.21548", "nccl-tests issue #212"),
     ),
     "gh200-c2c": Hardware(
         name="gh200-c2c", description="NVIDIA GH200 96GB (HBM3) with NVLink-C2C to the Grace CPU",
@@ -202,10 +232,13 @@ PRESETS: dict[str, Hardware] = {
         gemm_efficiency=0.60, attention_efficiency=0.50, hbm_efficiency=0.80, copy_latency_s=6e-6,
         # Measured C2C copies: H2D ~346 GB/s, D2H ~15% lower (nvbandwidth #23).
         h2d_bytes_per_s=346 * GB, d2h_bytes_per_s=294 * GB,
-        # Bidirectional C2C reached about half of the 900 GB/s total (nvbandwidth #41): ~225 GB/s each way,
-        # i.e. 225/346 = 0.65 of H2D and 225/294 = 0.77 of D2H.
-        duplex_h2d_factor=0.65, duplex_d2h_factor=0.77,
-        sources=("NVIDIA GH200 datasheet", "nvbandwidth issues #23, #41", "DualPath arXiv 2602.21548"),
+        # Bidirectional C2C reached about half of the 900 GB/s total (nvbandwidth #41); measured H2D while
+        # D2H runs is 0.47-0.49 of its one-way rate there, so 0.48; D2H keeps 225/294 = 0.77 (half of the
+        # total each way), which no measurement isolates.
+        duplex_h2d_factor=0.48, duplex_d2h_factor=0.77,
+        # GPU-to-GPU over NVLink 4 as on H100/H200 SXM (nccl-tests issue #212: ~370 GB/s ring bus bandwidth).
+        collective_bytes_per_s=370 * GB,
+        sources=("NVIDIA GH200 datasheet", "nvbandwidth issues #23, #41", "DualPath arXiv 2602.21548", "nccl-tests issue #212"),
     ),
 }
 
@@ -215,7 +248,8 @@ DEFAULT_HARDWARE = "a100-80gb-pcie4"
 
 
 def get_hardware(name_or_path: "str | os.PathLike | Hardware") -> Hardware:
-    """A preset by name, a hardware JSON file by path, or a Hardware as it is."""
+    """A preset by name, a node preset by name (one rank's share of its links, slackswap.nodes),
+    a hardware JSON file by path, or a Hardware as it is."""
     if isinstance(name_or_path, Hardware):
         return name_or_path
     if isinstance(name_or_path, os.PathLike):
@@ -227,8 +261,19 @@ def get_hardware(name_or_path: "str | os.PathLike | Hardware") -> Hardware:
         )
     if name_or_path in PRESETS:
         return PRESETS[name_or_path]
+    from .nodes import NODES
+
+    if name_or_path in NODES:
+        return NODES[name_or_path].rank_hardware()
     if name_or_path.endswith(".json"):
         return Hardware.load(name_or_path)
     raise UnknownNameError(
-        f"unknown hardware {name_or_path!r}: choose one of {', '.join(PRESETS)} or pass a hardware .json file"
+        f"unknown hardware {name_or_path!r}: choose one of {', '.join(PRESETS)}, a node "
+        f"({', '.join(_node_names())}) or pass a hardware .json file"
     )
+
+
+def _node_names() -> list[str]:
+    from .nodes import NODES
+
+    return list(NODES)

@@ -15,6 +15,9 @@ def register(subparsers) -> None:
     parser.add_argument("--quiet", action="store_true", help="print nothing but errors")
     parser.add_argument("--no-sensitivity", dest="sensitivity", action="store_false",
                         help="skip the sensitivity runs (attention kernel, GEMM efficiency, duplex)")
+    parser.add_argument("--node", metavar="NAME",
+                        help="also run the paper's policies on one rank of this node preset (see docs/hardware.md), "
+                        "one model per GPU and under t=8 with sequence parallelism")
     parser.add_argument("--plot", metavar="FILE",
                         help="also draw the paper's figures against ours as grouped bars (.png, .svg or .pdf; extra 'plot')")
     parser.add_argument("--report", metavar="DIR",
@@ -25,6 +28,10 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     check_output_paths(args.plot)
+    if args.node is not None:
+        from ..nodes import get_node
+
+        get_node(args.node)
     if args.plot:
         from ..report.plots import check_plot_target
 
@@ -36,7 +43,7 @@ def run(args) -> int:
     with progress_reporter("reproduce", quiet=args.quiet) as report:
         stages = iter(range(1_000_000))
         progress = lambda text: report(next(stages), None, text)  # noqa: E731 - a counter with a label
-        result = run_reproduce(sensitivity=args.sensitivity, progress=progress)
+        result = run_reproduce(sensitivity=args.sensitivity, node=args.node, progress=progress)
     if args.plot:
         from ..report.plots import plot_reproduce
 
@@ -130,7 +137,23 @@ def print_tables(result: dict) -> None:
         if row.get("explanation"):
             print(f"  why: {row['explanation']}")
         print()
-    print("\n".join(sensitivity_lines(result.get("sensitivity", [])) + ["", f"parametrization: {result['parametrization']['why']}"]))
+    print("\n".join(sensitivity_lines(result.get("sensitivity", [])) + node_lines(result.get("node", []))
+                    + ["", f"parametrization: {result['parametrization']['why']}"]))
+
+
+def node_lines(entries: list[dict]) -> list[str]:
+    if not entries:
+        return []
+    first = entries[0]
+    lines = ["", f"on one rank of {first['node']} (copies at {first['copy_bytes_per_s'] / 1e9:.1f} GB/s each way, "
+             "all ranks in lockstep), throughput % of ideal at the same budget fraction:"]
+    for e in entries:
+        if "skipped" in e:
+            lines.append(f"  {e['model']:<11} {e['layout']:<30} skipped: {e['skipped']}")
+            continue
+        cells = ", ".join(f"{name} {_pct(r['throughput_pct']).strip()}" for name, r in e["policies"].items())
+        lines.append(f"  {e['model']:<11} {e['layout']:<30} {cells}")
+    return lines
 
 
 def table_lines(result: dict) -> list[str]:
@@ -140,6 +163,6 @@ def table_lines(result: dict) -> list[str]:
         if row.get("explanation"):
             lines.append(f"  why: {row['explanation']}")
         lines.append("")
-    lines += sensitivity_lines(result.get("sensitivity", []))
+    lines += sensitivity_lines(result.get("sensitivity", [])) + node_lines(result.get("node", []))
     lines += ["", f"parametrization: {result['parametrization']['why']}"]
     return lines

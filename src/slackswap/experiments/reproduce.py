@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Sequence
 
-from ..errors import BudgetError
+from ..errors import BudgetError, ValidationError
 from ..hardware import PRESETS, Hardware
 from ..planners import PLANNERS, minimum_budget_bytes, plan_workload
 from ..plans import Action
@@ -51,9 +51,11 @@ def run_reproduce(
     hardware: Hardware | None = None,
     budget_fraction: float = BUDGET_FRACTION,
     sensitivity: bool = True,
+    node: str | None = None,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
-    """The paper's table as one JSON-ready dict: ``rows``, ``sensitivity`` and ``parametrization``."""
+    """The paper's table as one JSON-ready dict: ``rows``, ``sensitivity`` and ``parametrization``;
+    with ``node`` (a node preset name) also ``node``: the paper's policies on one rank of that node."""
     hw = hardware or PRESETS[HARDWARE]
     build, get_model = _models()
     rows = []
@@ -64,6 +66,8 @@ def run_reproduce(
         rows.append(_row(model, workload, hw, budget_fraction, policies, get_model(model)))
     result: dict[str, Any] = {"rows": rows}
     result["sensitivity"] = _sensitivity(models, hw, budget_fraction, build, progress) if sensitivity else []
+    if node is not None:
+        result["node"] = _node_rows(models, node, budget_fraction, build, progress)
     result["parametrization"] = {
         "hardware": hw.to_dict(), "budget_fraction": budget_fraction, "why": PARAMETRIZATION_WHY,
         "tolerance_pts": TOLERANCE_PTS, "paper": "SlackSwap, arXiv 2610.13003",
@@ -135,13 +139,16 @@ def explain_difference(workload: Workload, hw: Hardware, budget: int, row: dict,
 
 
 def _sensitivity(models: Sequence[str], hw: Hardware, fraction: float, build, progress) -> list[dict]:
-    """``slackswap`` under one change at a time: attention kernel, GEMM efficiency, duplex slowdown."""
+    """``slackswap`` under one change at a time: attention kernel, GEMM efficiency, duplex slowdown and factor."""
     variants: list[tuple[str, Hardware, dict]] = [
         ("baseline (flash, gemm 0.6, duplex on)", hw, {}),
         ("eager attention", hw, {"attention": "eager"}),
         ("gemm efficiency 0.5", hw.replace(gemm_efficiency=0.5), {}),
         ("gemm efficiency 0.7", hw.replace(gemm_efficiency=0.7), {}),
         ("duplex slowdown off", hw.without_duplex_slowdown(), {}),
+        # The duplex factor rests on few logs (docs/hardware.md): 0.25 to 0.93 brackets them.
+        ("duplex H2D x0.25", hw.replace(duplex_h2d_factor=0.25), {}),
+        ("duplex H2D x0.93 (a PCIe 5.0 log)", hw.replace(duplex_h2d_factor=0.93), {}),
     ]
     out = []
     for model in models:
@@ -156,4 +163,39 @@ def _sensitivity(models: Sequence[str], hw: Hardware, fraction: float, build, pr
                         "paper_pct": PAPER_PCT.get(model), "budget_bytes": budget,
                         "unconstrained_peak_bytes": peak, "throughput_pct": result["throughput_pct"],
                         "peak_memory_bytes": result["peak_memory_bytes"]})
+    return out
+
+
+# What the paper's policies keep on one rank of a shared host: the GPU's copy rate is its share of
+# the switch uplink (all ranks in lockstep), alone or under t = 8 with sequence parallelism.
+NODE_POLICIES = ("slackswap", "slackswap-paper", "swap-only", "capuchin", "selective-recompute", "full-recompute")
+NODE_LAYOUTS: tuple[tuple[str, dict], ...] = (
+    ("one model per GPU", {}),
+    ("t=8 with sequence parallelism", {"tensor_parallel": 8, "sequence_parallel": True}),
+)
+
+
+def _node_rows(models: Sequence[str], node_name: str, fraction: float, build, progress,
+               policies: Sequence[str] = NODE_POLICIES) -> list[dict]:
+    from ..nodes import get_node
+
+    node = get_node(node_name)
+    hw = node.rank_hardware()
+    out = []
+    for model in models:
+        for label, layout in NODE_LAYOUTS:
+            entry: dict[str, Any] = {"model": model, "layout": label, "node": node.name,
+                                     "copy_bytes_per_s": hw.d2h_bytes_per_s, "paper_pct": PAPER_PCT.get(model)}
+            try:
+                workload = build(model, hw, **layout)
+            except ValidationError as exc:  # e.g. gpt2-xl's 25 heads do not split over 8 ranks
+                out.append({**entry, "skipped": str(exc)})
+                continue
+            if progress:
+                progress(f"{model}: {node.name}, {label}")
+            peak = simulate_ideal(workload, hw).peak_memory_bytes
+            budget = max(1, int(fraction * peak))
+            entry.update({"workload": workload.name, "budget_bytes": budget, "unconstrained_peak_bytes": peak,
+                          "policies": {p: _policy_result(workload, hw, budget, p) for p in policies}})
+            out.append(entry)
     return out

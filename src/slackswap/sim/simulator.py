@@ -329,18 +329,21 @@ class _Simulation:
             )
         self._dispatch()
         while self._drop_stale():
-            # Handle every event due at this instant before starting anything, so memory
-            # freed at time t is available to work that starts at time t.
-            self.now = self.heap[0][0]
-            while self._drop_stale() and self.heap[0][0] == self.now:
-                _, _, kind, payload = heapq.heappop(self.heap)
-                if kind == "compute_end":
-                    self._end_compute(*payload)
-                else:
-                    self._end_copy(kind[:3], payload[0])
-            self._dispatch()
+            self._next_instant()
         if self.ci < len(self.tasks):
             self._raise_infeasible()
+
+    def _next_instant(self) -> None:
+        """Handle every event due at the next instant before starting anything, so memory
+        freed at time t is available to work that starts at time t."""
+        self.now = self.heap[0][0]
+        while self._drop_stale() and self.heap[0][0] == self.now:
+            _, _, kind, payload = heapq.heappop(self.heap)
+            if kind == "compute_end":
+                self._end_compute(*payload)
+            else:
+                self._end_copy(kind[:3], payload[0])
+        self._dispatch()
 
     def _drop_stale(self) -> bool:
         """Discard copy ends re-timed by a change of the other direction; True if events remain."""
