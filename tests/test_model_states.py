@@ -21,7 +21,19 @@ HF_COUNTS = {"gpt2-xl": 1_557_611_200, "llama-7b": 6_738_415_616, "bert-large": 
 
 @pytest.mark.parametrize("name", sorted(HF_COUNTS))
 def test_builtin_parameter_counts_match_the_published_checkpoints(name):
-    assert transformer_parameters(MODELS[name]).total == HF_COUNTS[name]
+    whole = MODELS[name].replace(tensor_parallel=1, sequence_parallel=False)  # llama-2-70b is one t=8 rank
+    assert transformer_parameters(whole).total == HF_COUNTS[name]
+
+
+def test_a_tensor_parallel_rank_holds_a_tth_of_the_weights_and_whole_norms():
+    spec = MODELS["llama-2-70b"]  # no biases: only the RMSNorm weights are replicated
+    whole = transformer_parameters(spec.replace(tensor_parallel=1, sequence_parallel=False)).total
+    replicated = (2 * spec.layers + 1) * spec.hidden
+    assert 8 * transformer_parameters(spec).total - 7 * replicated == whole
+    # Pipeline stages: the first holds the embedding, the last the final norm and LM head.
+    stages = [transformer_parameters(spec.replace(pipeline_parallel=4, pipeline_stage=i)).total for i in range(4)]
+    assert sum(stages) == transformer_parameters(spec).total
+    assert stages[1] == stages[2] < stages[0] and stages[1] < stages[3]
 
 
 def test_largest_unit_is_a_layer_or_the_embedding():

@@ -28,29 +28,39 @@ class ParameterCount:
 
 
 def transformer_parameters(spec: TransformerSpec) -> ParameterCount:
-    """Parameter elements of ``spec``'s model (see the module docstring for the layout)."""
-    h, f, V = spec.hidden, spec.ffn, spec.vocab
+    """Parameter elements of ``spec``'s model (see the module docstring for the layout); with a
+    parallel layout (docs/models.md), those one rank holds: Megatron-LM splits every projection's
+    weight (and a column-parallel projection's bias) and the vocabulary rows over the t ranks, keeps
+    norms, row-parallel biases, position and token-type tables whole on each, and gives a pipeline
+    stage its layers/p layers, the embedding to the first and the head to the last (a tied LM head
+    keeps a copy of the embedding there when p > 1)."""
+    h, f, V, t = spec.hidden, spec.ffn, spec.vocab, spec.tensor_parallel
     layernorm = spec.norm == "layernorm"
     bias = layernorm  # GPT-2 / BERT carry biases; Llama has none
     norm = 2 * h if layernorm else h  # weight and bias, or weight only
     kv = spec.num_kv_heads * (h // spec.heads)  # K and V widths (smaller with grouped-query attention)
-    attention = 2 * h * h + 2 * h * kv + (2 * h + 2 * kv if bias else 0)  # Q, K, V and output projections
+    # Q, K, V and output projections: split weights and Q/K/V biases, the output bias whole.
+    attention = (2 * h * h + 2 * h * kv + (h + 2 * kv if bias else 0)) // t + (h if bias else 0)
     if spec.mlp == "gelu":
-        mlp = 2 * h * f + (f + h if bias else 0)
+        mlp = (2 * h * f + (f if bias else 0)) // t + (h if bias else 0)
     else:
-        mlp = 3 * h * f + (2 * f + h if bias else 0)  # gate, up and down
+        mlp = (3 * h * f + (2 * f if bias else 0)) // t + (h if bias else 0)  # gate, up and down
     per_layer = attention + mlp + 2 * norm
-    embedding = V * h
+    vocab_rows = -(-V // t)
+    embedding = vocab_rows * h
     if not spec.rope:
         embedding += spec.seq_len * h  # learned absolute positions
     if spec.post_norm:
         embedding += 2 * h + norm  # token types and the embedding LayerNorm
-        head = h * h + h + norm + V  # MLM transform dense, its LayerNorm, vocabulary bias
+        head = h * h + h + norm + vocab_rows  # MLM transform dense, its LayerNorm, vocabulary bias
     else:
         head = norm  # final norm
-    if not layernorm:
-        head += V * h  # untied LM head
-    total = spec.layers * per_layer + embedding + head
+    p, stage = spec.pipeline_parallel, spec.pipeline_stage
+    if not layernorm or (p > 1 and stage == p - 1):
+        head += vocab_rows * h  # untied LM head, or the last stage's copy of a tied one
+    embedding = embedding if stage == 0 else 0
+    head = head if stage == p - 1 else 0
+    total = spec.layers // p * per_layer + embedding + head
     return ParameterCount(total=total, largest_unit=max(per_layer, embedding, head))
 
 
