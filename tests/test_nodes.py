@@ -61,6 +61,7 @@ def test_lockstep_ranks_match_one_rank_on_the_lockstep_share_and_planners_see_th
     w, plan = _swap_a0()
     share = get_hardware("dgx-a100")
     assert (share.d2h_bytes_per_s, share.h2d_bytes_per_s) == (12 * GB, 12 * GB)
+    assert share.pinned_host_bytes == 1024 * 10**9 // 4  # four ranks share a socket's 1 TB
     one = simulate(w, share, plan)
     result = simulate_node(w, DGX, plan)
     assert [t.step_time_s for t in result.timelines] == pytest.approx([one.step_time_s] * 8, rel=1e-12)

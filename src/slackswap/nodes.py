@@ -78,12 +78,14 @@ class Node:
         return min(rate, self.host_memory_bytes_per_s / max(1, copying_on_socket))
 
     def rank_hardware(self) -> Hardware:
-        """One rank's Hardware when all ranks copy in lockstep: its share of the shared links."""
+        """One rank's Hardware when all ranks copy in lockstep: its share of the shared links, and
+        of its socket's memory for pinned copies (``pinned_host_bytes``, which planners respect)."""
         hw = self.hardware
         share = {d: self.copy_rate_bytes_per_s(d, self.gpus_per_switch, self.gpus_per_socket) for d in ("d2h", "h2d")}
         return hw.replace(
             name=self.name, description=f"one of {self.gpus} ranks of {self.description}, copying in lockstep",
-            d2h_bytes_per_s=share["d2h"], h2d_bytes_per_s=share["h2d"], sources=hw.sources + self.sources,
+            d2h_bytes_per_s=share["d2h"], h2d_bytes_per_s=share["h2d"],
+            pinned_host_bytes=self.host_memory_bytes // self.gpus_per_socket, sources=hw.sources + self.sources,
         )
 
     def to_dict(self) -> dict[str, Any]:
