@@ -5,7 +5,9 @@ from __future__ import annotations
 from ..errors import ValidationError
 from ..report.console import progress_reporter
 from ..units import format_bytes, format_seconds, parse_size_bytes
-from .common import add_device_args, add_hardware_arg, device_options, load_hardware, print_json
+from .common import (
+    add_device_args, add_hardware_arg, add_layout_args, device_options, load_hardware, print_json, spec_overrides,
+)
 
 
 def _int_list(text: str, what: str) -> list[int]:
@@ -22,6 +24,7 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser("fit", help="which micro-batch sizes and sequence lengths fit a GPU, and how fast "
                                    "(--gpu-memory defaults to the hardware's memory)")
     parser.add_argument("--model", metavar="NAME", help="built-in model (see 'slackswap models'); required")
+    add_layout_args(parser.add_argument_group("parallel layout (the table is one rank's; docs/models.md)"))
     add_hardware_arg(parser)
     add_device_args(parser)
     parser.add_argument("--micro-batches", dest="micro_batches", default="1,2,4,8,16", metavar="LIST",
@@ -51,7 +54,7 @@ def run(args) -> int:
         gpu = hardware.hbm_capacity_bytes
     with progress_reporter("fit", quiet=args.quiet or args.json) as progress:
         result = fit(args.model, hardware, gpu, micro_batches=micro_batches, seq_lens=seq_lens, policies=policies,
-                     options=options, progress=progress)
+                     options=options, progress=progress, **spec_overrides(args))
     if args.quiet:
         return 0
     if args.json:
