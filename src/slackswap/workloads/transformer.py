@@ -67,7 +67,8 @@ PARALLEL_ASSUMPTIONS: tuple[str, ...] = (
     "parallelism norms, dropouts and residuals on s/t tokens; context parallelism holds s/cp tokens and "
     "all-gathers K and V",
     "collectives are ring all-reduce / all-gather / reduce-scatter at the preset's measured bus bandwidth, "
-    "on the compute stream, no launch latency",
+    "on the compute stream, no launch latency; a column-parallel GEMM's backward collectives overlap its "
+    "backward GEMMs as in Megatron-LM",
     "pipeline stage i of p under 1F1B holds p - i micro-batches in flight, run as that many copies of its layers; "
     "point-to-point sends between stages are not modelled",
 )
