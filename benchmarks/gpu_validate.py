@@ -147,6 +147,16 @@ def failure(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300]
 
 
+def timed_workload(workload, hardware):
+    """``workload`` with the times slackswap plans with on ``hardware`` (profiler.build.timed_for,
+    where this slackswap has it)."""
+    try:
+        from slackswap.profiler.build import timed_for
+    except ImportError:
+        return workload
+    return timed_for(workload, hardware)
+
+
 def by_priority(budgets, policies) -> list[tuple[float, str]]:
     """Every (budget, policy), budgets nearest 0.5 first (the middle of the range is the one to keep
     when the time limit cuts the run short), policies in the order given."""
@@ -303,13 +313,17 @@ def validate(run: Run, args, cfg: Settings, device, torch) -> None:
 
     t0 = time.perf_counter()
     workload = profile_model(model, batch, loss_fn, warmup=1, repeats=cfg.profile_repeats)
-    ideal = simulate_ideal(workload, hardware)
+    # The times slackswap.plan and simulate use on this hardware (the GPU's own profile as measured;
+    # the dry run's CPU profile projected by the roofline); the runtime runs the profile itself.
+    planned = timed_workload(workload, hardware)
+    ideal = simulate_ideal(planned, hardware)
     r["profile"] = {"ops": len(workload.ops), "saved_tensors": len(workload.saved_tensors),
                     "saved_bytes": workload.saved_bytes, "profile_time_s": time.perf_counter() - t0,
+                    "times": str(planned.meta.get("times", "measured")),
                     "simulated_ideal_step_time_s": ideal.step_time_s,
                     "simulated_ideal_peak_bytes": ideal.peak_memory_bytes}
     params = r["model"]["parameters"]
-    plain_row["predicted"] = predict(workload, hardware, ideal_plan(workload), params)
+    plain_row["predicted"] = predict(planned, hardware, ideal_plan(planned), params)
     log(f"profile: {len(workload.ops)} ops in {format_seconds(r['profile']['profile_time_s'])}; simulated ideal "
         f"step {format_seconds(ideal.step_time_s)}, peak {format_bytes(ideal.peak_memory_bytes)}")
     run.save()
@@ -346,7 +360,7 @@ def validate(run: Run, args, cfg: Settings, device, torch) -> None:
                 t0 = time.perf_counter()
                 try:
                     plan = slackswap.plan(workload, hardware, budget=budget, policy=policy)
-                    row.update(predicted=predict(workload, hardware, plan, params), budget_bytes=plan.budget_bytes)
+                    row.update(predicted=predict(planned, hardware, plan, params), budget_bytes=plan.budget_bytes)
                 except Exception as exc:  # one policy failing must not hide the others
                     plan = None
                     row.update(status="failed", note=f"planning: {failure(exc)}")

@@ -167,7 +167,8 @@ def _step_section(r: dict) -> list[str]:
            "step starts from the same parameters and RNG seed.", ""]
     if p:
         out += [f"Profile: {p['ops']} forward ops, {p['saved_tensors']} saved tensors, {b(p['saved_bytes'])} saved, "
-                f"measured in {s(p['profile_time_s'])}. Simulated with `{r['hardware']['file']}`: ideal step "
+                f"measured in {s(p['profile_time_s'])}; op times as planned: {p.get('times', 'measured')}. Simulated with "
+                f"`{r['hardware']['file']}`: ideal step "
                 f"{s(p['simulated_ideal_step_time_s'])}, activation peak {b(p['simulated_ideal_peak_bytes'])}.", ""]
     out += ["Step time (measured: device time from the step's first to its last kernel, CUDA events on a GPU; "
             "host: Python time to issue the step):", ""]
