@@ -117,3 +117,18 @@ def test_cli_node_names_are_checked_and_hardware_takes_a_node(capsys, tmp_path):
     assert "unknown node 'dgx-z'" in capsys.readouterr().err
     assert main(["export-workload", "--model", "gpt2-xl", "--layers", "1", "--hardware", "dgx-a100",
                  "--out", str(tmp_path / "w.json"), "--quiet"]) == 0
+
+
+def test_cli_simulate_runs_every_rank_of_a_node(capsys):
+    import json
+
+    from slackswap.cli import main
+
+    assert main(["simulate", "--model", "gpt2-xl", "--layers", "4", "--hardware", "dgx-a100", "--policy", "slackswap",
+                 "--budget", "0.8", "--node-skew", "0", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    ranks = data["node"]["rank_step_times_s"]
+    assert len(ranks) == 8 and data["node"]["step_time_s"] == max(ranks) and data["d2h_bytes"] > 0
+    assert ranks == pytest.approx([data["step_time_s"]] * 8, rel=1e-9)  # lockstep: each rank as the single one
+    assert main(["simulate", "--model", "gpt2-xl", "--layers", "1", "--node-skew", "0"]) == 2
+    assert "--node-skew needs a node preset" in capsys.readouterr().err

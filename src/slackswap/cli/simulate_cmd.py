@@ -23,6 +23,9 @@ def register(subparsers) -> None:
                         help="activation budget: a fraction of the unconstrained peak (0.5) or a size (12GiB); "
                         "default: the plan's own budget, or 0.5 with --policy")
     add_device_args(parser)
+    parser.add_argument("--node-skew", dest="node_skew", type=float, default=None, metavar="SECONDS",
+                        help="with a node preset as --hardware, also run every rank of the node with their copies "
+                        "sharing its links, rank r starting r x SECONDS late (0: lockstep)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--quiet", action="store_true", help="print nothing but errors (files are still written)")
     parser.add_argument("--timeline", metavar="FILE", help="also write the full Timeline as JSON")
@@ -34,6 +37,13 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     check_output_paths(args.timeline, args.trace, args.plot)
+    if args.node_skew is not None:
+        from ..errors import ValidationError
+        from ..nodes import NODES
+
+        if args.hardware not in NODES:
+            raise ValidationError(
+                f"--node-skew needs a node preset as --hardware ({', '.join(NODES)}), got {args.hardware!r}")
     if args.plot:
         from ..report.plots import check_plot_target
 
@@ -57,6 +67,7 @@ def run(args) -> int:
         plan = api.plan(workload, hardware, budget, args.policy)
         timeline = api.simulate(workload, hardware, plan, budget)
     memory = api.device_memory(workload, hardware, plan, **options)
+    node = _node_run(args, workload, timeline, plan)
     if args.timeline:
         timeline.save(args.timeline)
     if args.trace:
@@ -77,10 +88,44 @@ def run(args) -> int:
         if gpu is not None:
             summary["gpu_memory_bytes"] = gpu
             summary["fits_gpu_memory"] = memory.reserved_peak_bytes <= gpu
+        if node is not None:
+            summary["node"] = node
         print_json(summary)
     else:
-        print("\n".join(summary_lines(timeline, ideal.peak_memory_bytes) + device_lines(memory, gpu)))
+        print("\n".join(summary_lines(timeline, ideal.peak_memory_bytes) + device_lines(memory, gpu)
+                        + node_lines(node)))
     return 0
+
+
+def _node_run(args, workload, timeline, plan) -> dict | None:
+    """--node-skew: every rank of the node named by --hardware, with the plan the single rank ran."""
+    if args.node_skew is None:
+        return None
+    from ..nodes import NODES
+    from ..schedule import make_plan
+    from ..sim.node import simulate_node
+
+    node = NODES[args.hardware]
+    if plan is None:
+        plan = make_plan(workload, {}, policy="ideal", budget_bytes=None)
+    result = simulate_node(workload, node, plan, timeline.budget_bytes, skew_s=args.node_skew)
+    return {"node": node.name, "skew_s": args.node_skew, "step_time_s": result.step_time_s,
+            "rank_step_times_s": [t.step_time_s for t in result.timelines],
+            "rank_stall_times_s": [t.stall_time_s for t in result.timelines],
+            "pinned_host_bytes_per_socket": result.pinned_host_bytes_per_socket}
+
+
+def node_lines(node: dict | None) -> list[str]:
+    if node is None:
+        return []
+    slowest = max(node["rank_step_times_s"])
+    return [
+        f"node                {node['node']}, {len(node['rank_step_times_s'])} ranks, rank r starting "
+        f"r x {format_seconds(node['skew_s'])} late",
+        f"node step time      {format_seconds(node['step_time_s'])} (slowest rank {format_seconds(slowest)}, "
+        f"stalls up to {format_seconds(max(node['rank_stall_times_s']))})",
+        f"pinned per socket   {format_bytes(node['pinned_host_bytes_per_socket'])}",
+    ]
 
 
 def summary_lines(t: Timeline, unconstrained_peak_bytes: int) -> list[str]:
