@@ -78,8 +78,8 @@ def test_every_configuration_has_its_row(dry_run):
             assert p["allocated_peak_bytes"] is not None or p["memory_note"] in results["notes"]
     compiled = [r for r in results["rows"] if r["method"] == "compiled"]
     for r in compiled:
-        if r["budget_fraction"] != 0.5:
-            assert r["status"] == "skipped" and "dry run compiles at budget 0.5 only" in r["note"]
+        if (r["budget_fraction"], r["policy"]) != (0.5, "slackswap"):
+            assert r["status"] == "skipped" and r["note"] == "the dry run compiles slackswap @ 0.5 only"
         elif not hasattr(slackswap, "compile"):
             assert r["status"] == "skipped" and "slackswap.compile" in r["note"]
         else:  # compiled, planned from its own graph, and run
