@@ -92,7 +92,7 @@ def parse_args(argv):
     args = p.parse_args(argv)
     args.device = args.device or ("cpu" if args.dry_run else "cuda")
     args.dry_run = args.dry_run or args.device == "cpu"  # the full model on CPU would take hours
-    # inductor on CPU needs a C++ toolchain and minutes per compile; aot_eager runs the same planning
+    # inductor on CPU needs a C++ toolchain and compiles far slower; aot_eager runs the same planning
     args.compile_backend = args.compile_backend or ("aot_eager" if args.dry_run else "inductor")
     args.policies = tuple(x for x in args.policies.split(",") if x)
     try:
