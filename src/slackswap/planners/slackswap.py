@@ -18,8 +18,9 @@ the list:
    bytes still needed after the swaps are recomputed by the knapsack.
 6. ``sized_starts``: each family sized to the budget with the simulator (selection.fit_need),
    accepting short waits for memory; a family whose far end does not fit is sized again with
-   shorter prefixes of its swaps (``fit_fewer_swaps``); everything swapped is the start of last
-   resort (and one more start for the wide search).
+   shorter prefixes of its swaps (``fit_fewer_swaps``); when none fits, everything swapped and
+   the other heuristics' plans are the starts of last resort (``heuristic_starts``); with the
+   wide search everything swapped is one more start anyway.
 7. ``repair`` (repair.py) of the best start: single changes where the simulated timeline
    points, kept when the step gets faster (or as fast with less work); with the wide search, a
    polish over every single change and pair of one-tensor changes.
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 import math
 
+from ..errors import BudgetError
 from ..hardware import Hardware
 from ..plans import Plan
 from ..workload import Workload
@@ -235,6 +237,31 @@ def everything_swapped(search: Search) -> Candidate:
     return swap_all
 
 
+def heuristic_starts(search: Search) -> list[tuple[Candidate, str]]:
+    """Rule 6's last resort, when neither the floor nor any family fits: the other heuristics'
+    plans that fit, each a start. Everything swapped fits every budget but can stall for most of
+    the step where a few copies and more recompute would not (the small profiled models of
+    docs/planners.md, rule 6); starting from the best of them, the repair only improves."""
+    from .capuchin import plan_capuchin
+    from .full_recompute import plan_full_recompute
+    from .recompute_optimal import plan_recompute_optimal
+    from .selective_recompute import plan_selective_recompute
+    from .slackswap_paper import plan_slackswap_paper
+    from .swap_only import plan_swap_only
+
+    found = []
+    for planner in (plan_capuchin, plan_slackswap_paper, plan_recompute_optimal, plan_selective_recompute,
+                    plan_full_recompute, plan_swap_only):
+        try:
+            theirs = planner(search.workload, search.hardware, search.budget_bytes)
+        except BudgetError:
+            continue
+        cand = search.evaluate(search.plan(theirs.actions, prefetch_step=theirs.prefetch_step))
+        if cand.fits:
+            found.append((cand, theirs.policy))
+    return found
+
+
 def sized_starts(search: Search, floor: Candidate | None) -> list[tuple[Candidate, str]]:
     """Rules 3-6: the start candidates, the best first, each with its label: the floor, each swap
     order's family sized (or its shorter prefixes), and everything swapped when nothing else fits
@@ -263,11 +290,15 @@ def sized_starts(search: Search, floor: Candidate | None) -> list[tuple[Candidat
     if start is None or search.wide_left > 0:
         swap_all = everything_swapped(search)
         if start is None:
-            if not swap_all.fits:
+            fallbacks = [(swap_all, "")] if swap_all.fits else []
+            fallbacks += heuristic_starts(search)
+            if not fallbacks:
                 raise policy_cannot_fit(POLICY, search.budget_bytes,
                                         natural_peak_bytes(search.workload, search.hardware, swap_all.plan),
                                         "raise the budget")
-            start, start_order = swap_all, ""
+            fallbacks.sort(key=lambda item: rank(item[0]))
+            (start, start_order), rest = fallbacks[0], fallbacks[1:]
+            others += rest
         elif swap_all.fits:
             others.append((swap_all, "all-swap"))
     # Two families can size to the same plan (a shorter swap prefix of both); the repeat and
