@@ -62,7 +62,13 @@ def plan(
         _no_device_options(device)
         peak = simulate_ideal(w, hw).peak_memory_bytes
         result = plan_workload(w, hw, parse_budget(0.5 if budget is None else budget, peak), policy)
-    return with_copy_in_start_steps(w, hw, result)
+    result = with_copy_in_start_steps(w, hw, result)
+    if w.meta.get("source") == "slackswap.profiler":
+        import dataclasses
+
+        # The plan carries the profile, so it applies to the model in another process (docs/runtime.md).
+        result = dataclasses.replace(result, profile=w)
+    return result
 
 
 def simulate(

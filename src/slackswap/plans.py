@@ -48,6 +48,10 @@ class Plan:
     recompute_groups: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     info: Mapping[str, Any] = field(default_factory=dict, compare=False)
     """Planner diagnostics (objective values, solve time); not part of the plan's identity."""
+    profile: Workload | None = field(default=None, compare=False, repr=False)
+    """The profiled workload the runtime follows (ops, saves, module calls), carried by plans that
+    slackswap.plan makes from a profile and saved with them, so the plan applies to a model of the
+    same signature in another process without ``workload=``. None for built-in workloads."""
 
     def count(self, action: Action) -> int:
         return sum(1 for a in self.actions.values() if a is action)
@@ -72,6 +76,7 @@ class Plan:
             "tensors": rows,
             "recompute_groups": {k: list(v) for k, v in self.recompute_groups.items()},
             "info": dict(self.info),
+            **({"profile": self.profile.to_dict()} if self.profile is not None else {}),
         }
 
     def to_json(self, workload: Workload | None = None) -> str:
@@ -107,12 +112,18 @@ class Plan:
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
                 raise ValidationError(f"plan.recompute_groups[{key!r}] must be a list of op names")
             groups[key] = tuple(value)
+        profile = None
+        if "profile" in top.obj:
+            top.used.add("profile")
+            profile = Workload.from_dict(top.obj["profile"])
         plan = cls(
             workload_name=top.str("workload"), workload_fingerprint=top.str("workload_fingerprint"),
             policy=top.str("policy"), budget_bytes=budget, actions=actions, prefetch_step=prefetch,
-            recompute_groups=groups, info=top.dict("info", default={}),
+            recompute_groups=groups, info=top.dict("info", default={}), profile=profile,
         )
         top.no_extra()
+        if profile is not None:
+            check_plan(profile, plan)  # the carried profile is the plan's workload
         return plan
 
     @classmethod

@@ -16,14 +16,18 @@ from .swap import RuntimeStats, SwapManager
 
 
 def checked_workload(model: torch.nn.Module, plan: Plan, workload: Workload | None) -> Workload:
-    """The profile ``plan`` runs on (by default the model's last one), checked against the model."""
+    """The profile ``plan`` runs on, checked against the model: ``workload``, else the model object's
+    last profile if the plan was made for it, else the profile the plan carries."""
     from ..profiler.profile import model_signature, workload_for
 
     if workload is None:
         workload = workload_for(model)
+        if (workload is None or workload.fingerprint != plan.workload_fingerprint) and plan.profile is not None:
+            workload = plan.profile  # the profile the plan carries (saved in its file)
         if workload is None:
             raise PlanMismatchError(
-                "no profile of this model object is known: pass workload= (the Workload the plan was made from)"
+                "no profile of this model object is known and the plan carries none: make the plan with "
+                "slackswap.plan from slackswap.profile of this model, or pass workload="
             )
     check_plan(workload, plan)
     profiled = workload.meta.get("model_signature")
