@@ -2,7 +2,7 @@
 
 ``summary_lines`` lets a test report a figure (for example how many random cases a
 property test generated) in pytest's terminal summary, whether or not output capture
-is on.
+is on. ``process_group`` is a one-process gloo group for the tests of distributed wrappers.
 """
 
 from __future__ import annotations
@@ -42,3 +42,17 @@ def generated_cases(summary_lines):
         summary_lines.append(f"generated cases: {sum(counts.values())} in total")
         for label in sorted(counts):
             summary_lines.append(f"  {counts[label]:>6}  {label}")
+
+
+@pytest.fixture(scope="module")
+def process_group(tmp_path_factory):
+    """A one-process gloo group, initialized through a file (no port to collide on)."""
+    dist = pytest.importorskip("torch.distributed")
+    if not dist.is_available():  # pragma: no cover - torch built without distributed
+        pytest.skip("torch.distributed is not available")
+    if dist.is_initialized():  # pragma: no cover - another module left one behind
+        pytest.skip("a process group is already initialized")
+    store = tmp_path_factory.mktemp("pg") / "store"
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()

@@ -40,6 +40,16 @@ def train(model, batches, runtime=None, *, seed: int = 1234):
     return losses, {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
+def loss_and_grads(model, batch, loss=loss_fn, runtime=None, *, seed: int = 5) -> list:
+    """One forward and backward from a fixed RNG state: the loss, then every gradient."""
+    torch.manual_seed(seed)
+    model.zero_grad(set_to_none=True)
+    with runtime if runtime is not None else contextlib.nullcontext():
+        value = loss(model, batch)
+        value.backward()
+    return [value.detach()] + [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+
 def step_flops(model, batch, runtime=None, *, seed: int | None = None) -> int:
     """FLOPs of one forward + backward (+ the runtime's recompute), by FlopCounterMode."""
     if seed is not None:

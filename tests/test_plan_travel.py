@@ -18,19 +18,11 @@ import slackswap  # noqa: E402
 from slackswap import Plan  # noqa: E402
 from slackswap.errors import PlanMismatchError  # noqa: E402
 from slackswap.examples import ExampleConfig, loss_fn, make_batch, make_example  # noqa: E402
+from runtime_helpers import loss_and_grads  # noqa: E402
 
 
 def one_step(model, batch, runtime=None):
-    torch.manual_seed(5)
-    model.zero_grad(set_to_none=True)
-    if runtime is None:
-        loss = loss_fn(model, batch)
-        loss.backward()
-    else:
-        with runtime:
-            loss = loss_fn(model, batch)
-            loss.backward()
-    return [loss.detach()] + [p.grad.clone() for p in model.parameters()]
+    return loss_and_grads(model, batch, loss_fn, runtime)
 
 
 @pytest.fixture(scope="module")

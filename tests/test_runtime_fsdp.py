@@ -25,6 +25,7 @@ from slackswap.errors import PlanMismatchError, UnsupportedModelError  # noqa: E
 from slackswap.examples import loss_fn, make_batch, make_example  # noqa: E402
 from slackswap.profiler import profile_model  # noqa: E402
 from slackswap.runtime import runtime_prefetch_steps  # noqa: E402
+from runtime_helpers import train as train_steps  # noqa: E402
 
 HOWS = ("swap", "recompute", "mixed")
 
@@ -53,38 +54,13 @@ def local(t):
 
 
 def train(model, batches, runtime=None):
-    """Three SGD-momentum steps; each step's loss, then the last gradients and parameters (this rank's shards)."""
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    torch.manual_seed(1234)  # dropout draws from here
-    losses = []
-    for batch in batches:
-        opt.zero_grad(set_to_none=True)
-        if runtime is None:
-            loss = loss_fn(model, batch)
-            loss.backward()
-        else:
-            with runtime:
-                loss = loss_fn(model, batch)
-                loss.backward()
-        losses.append(loss.detach().clone())
-        opt.step()
-    grads = [local(p.grad).clone() for p in model.parameters()]
-    params = [local(p.detach()).clone() for p in model.parameters()]
-    return losses, grads, params
+    """Three SGD-momentum steps: each step's loss, then the last gradients and parameters (this rank's shards)."""
+    losses, grads = train_steps(model, batches, runtime)
+    return losses, [local(g) for g in grads.values()], [local(p.detach()).clone() for p in model.parameters()]
 
 
 def same(a, b) -> bool:
     return all(len(x) == len(y) and all(torch.equal(u, v) for u, v in zip(x, y)) for x, y in zip(a, b))
-
-
-@pytest.fixture(scope="module")
-def process_group(tmp_path_factory):
-    if dist.is_initialized():  # pragma: no cover - another module left one behind
-        pytest.skip("a process group is already initialized")
-    store = tmp_path_factory.mktemp("pg") / "store"
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def test_profile_of_a_sharded_model_has_the_unsharded_models_activations(process_group):

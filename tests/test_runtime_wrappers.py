@@ -30,17 +30,6 @@ from slackswap.profiler import profile_model, workload_for  # noqa: E402
 from slackswap.runtime import runtime_prefetch_steps  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def process_group(tmp_path_factory):
-    """A one-process gloo group, initialized through a file (no port to collide on)."""
-    if dist.is_initialized():  # pragma: no cover - another module left one behind
-        pytest.skip("a process group is already initialized")
-    store = tmp_path_factory.mktemp("pg") / "store"
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
 def every(workload, how: str):
     candidates = [t.name for t in workload.saved_tensors if t.producer is not None]
     actions = {name: Action(how) for name in candidates}
