@@ -45,3 +45,28 @@ def test_train_example_matches_unmodified_training():
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "max |loss - unmodified loss|: 0" in result.stdout
+
+
+@pytest.mark.slow
+def test_hf_trainer_example_trains_as_the_plain_trainer(tmp_path, capsys):
+    """examples/hf_trainer.py: the Hugging Face Trainer under slackswap.auto (two padded lengths)
+    ends with the plain Trainer's losses and weights, bit for bit; a second run reads the plans
+    from cache_dir instead of profiling."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    import runpy
+
+    import torch
+
+    example = runpy.run_path(str(ROOT / "examples" / "hf_trainer.py"))
+    planned = example["main"](["--steps", "4", "--cache-dir", str(tmp_path)])
+    stats = planned.plans.stats
+    assert stats.steps == 4 and stats.profiles == 2 and stats.disk_hits == 0  # lengths 12 and 8
+    plain = example["main"](["--steps", "4", "--plain"])
+    assert [e["loss"] for e in planned.state.log_history if "loss" in e] == \
+        [e["loss"] for e in plain.state.log_history if "loss" in e]
+    for a, b in zip(planned.model.parameters(), plain.model.parameters()):
+        assert torch.equal(a, b)
+    again = example["main"](["--steps", "4", "--cache-dir", str(tmp_path)])
+    assert again.plans.stats.profiles == 0 and again.plans.stats.disk_hits == 2
+    assert "2 shapes profiled and planned" in capsys.readouterr().out
