@@ -147,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="hardware the mixed plans are made for (roofline op times)")
     parser.add_argument("--compiled", action="store_true", help="also time the torch.compile rows (inductor)")
     parser.add_argument("--kinds", default=",".join(KINDS), help="example models, comma-separated")
+    parser.add_argument("--compiled-kinds", default="gpt2",
+                        help="models that get the --compiled rows (inductor compiles take minutes on 2 cores)")
     parser.add_argument("--results", help="also write the markdown table to this file")
     args = parser.parse_args(argv)
     config = ExampleConfig(vocab=512, seq_len=args.seq_len, hidden=args.hidden, heads=4, layers=args.layers,
@@ -172,20 +174,23 @@ def main(argv: list[str] | None = None) -> int:
             same_as_plain(model, batch, torch.autograd.graph.save_on_cpu(pin_memory=False)))
         plans = {f"slackswap.apply all-{name}": plan_for(workload, Action(name)) for name in PLANS}
         plans[MIXED] = slackswap.plan(workload, args.hardware, 0.5, "slackswap")
-        for name, plan in plans.items():
+        full = slackswap.plan(workload, args.hardware, 1.0, "full-recompute")
+        runs = [(name, plan, "replay") for name, plan in plans.items()]
+        runs += [(f"slackswap.apply full-recompute policy ({backend})", full, backend)
+                 for backend in ("replay", "checkpoint")]
+        for name, plan, backend in runs:
             # One runtime object per plan, entered once per step, as a training loop would.
-            runtime = slackswap.apply(model, plan, workload=workload)
+            runtime = slackswap.apply(model, plan, workload=workload, backend=backend)
             same = same_as_plain(model, batch, runtime)
             add(name, time_steps(model, batch, runtime, args.warmup, args.steps), same)
-        if args.compiled:
+        if args.compiled and kind in args.compiled_kinds.split(","):
             for name, runner, same in compiled_rows(model, batch, args):
                 add(name, time_steps(model, batch, None, args.warmup, args.steps, runner), same)
         for row in rows[first:]:
             print(f"{row[0]:6s} {row[2]:45s} median {row[3] * 1e3:8.2f} ms  best {row[4] * 1e3:8.2f} ms  "
                   f"same as plain: {'-' if row[5] is None else row[5]}", flush=True)
 
-    command = "`.venv/bin/python benchmarks/runtime_overhead.py" + (
-        f" --results {args.results}`" if args.results else "`")
+    command = "`.venv/bin/python benchmarks/runtime_overhead.py " + " ".join(argv if argv is not None else sys.argv[1:]) + "`"
     lines = [
         f"Wall time of one training step (zero_grad, loss_fn forward, backward): median and best of "
         f"{args.steps} timed steps after {args.warmup} warm-up steps, `time.perf_counter`.",
@@ -200,7 +205,9 @@ def main(argv: list[str] | None = None) -> int:
         "Rows: plain torch; `torch.utils.checkpoint(block, use_reentrant=False)` around every block;",
         "`torch.autograd.graph.save_on_cpu(pin_memory=False)`; `slackswap.apply` (eager runtime) with every saved",
         "tensor with a producer kept / swapped / recomputed (prefetch steps from `runtime_prefetch_steps`, no",
-        f"budget) and the `slackswap` policy's plan at 0.5 of the activation peak on `{args.hardware}` (mixed);",
+        f"budget), the `slackswap` policy's plan at 0.5 of the activation peak on `{args.hardware}` (mixed),",
+        "and the `full-recompute` policy's plan (every block's saved tensors recomputed from its input, as",
+        "checkpointing every block does) under the replay and the checkpoint backend (`backend=\"checkpoint\"`);",
         "one runtime per plan, entered once per step. With `--compiled`: `torch.compile` (inductor) without a",
         "plan, with `torch._functorch.config.activation_memory_budget=0.5`, and `slackswap.compile` (inductor,",
         "`slackswap` policy, 0.5); `torch._inductor.config.fallback_random=True` in all three so dropout draws",

@@ -120,12 +120,12 @@ def check_reload_steps(graph) -> None:
     bw = graph.backward_graph
     steps = carry_out.backward_steps(bw, graph.graph_workload)
     nodes = list(bw.graph.nodes)
-    reloads = [n for n in nodes if n.op == "call_function" and carry_out._is_reload(n)]
+    reloads = [n for n in nodes if n.op == "call_function" and carry_out.is_reload(n)]
     assert len(reloads) == graph.plan.count(slackswap.Action.SWAP)
     for reload in reloads:
         storage = graph.graph_workload.storage_of_node[reload.args[0].name.removeprefix(carry_out.OFFLOAD_PREFIX)]
         issue = carry_out.issue_step(graph.plan, storage)
         at = nodes.index(reload)
-        before = [n for n in nodes[:at] if n.op != "placeholder" and not carry_out._is_reload(n)]
+        before = [n for n in nodes[:at] if n.op != "placeholder" and not carry_out.is_reload(n)]
         assert all(steps[n] < issue for n in before), storage
         assert all(nodes.index(u) > at for u in reload.users)

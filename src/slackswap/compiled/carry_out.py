@@ -168,7 +168,7 @@ def place_reloads(bw: fx.GraphModule, graph_workload: GraphWorkload, plan: Plan)
     the backward graph's node order where its copy back is issued."""
     step = backward_steps(bw, graph_workload)
     storage_of = graph_workload.storage_of_node
-    reloads = [n for n in bw.graph.nodes if n.op == "call_function" and _is_reload(n)]
+    reloads = [n for n in bw.graph.nodes if n.op == "call_function" and is_reload(n)]
     placed: dict[str, int] = {}
     for reload in reloads:
         source = reload.args[0]
@@ -178,7 +178,7 @@ def place_reloads(bw: fx.GraphModule, graph_workload: GraphWorkload, plan: Plan)
             continue
         prefetch = issue_step(plan, storage)
         target = next((n for n in bw.graph.nodes
-                       if n.op not in ("placeholder", "output") and not _is_reload(n) and step.get(n, -1) >= prefetch),
+                       if n.op not in ("placeholder", "output") and not is_reload(n) and step.get(n, -1) >= prefetch),
                       None)
         first_use = min((u for u in reload.users), key=list(bw.graph.nodes).index, default=None)
         order = {n_: i for i, n_ in enumerate(bw.graph.nodes)}
@@ -204,7 +204,7 @@ def issue_step(plan: Plan, storage: str) -> int:
     return int(plan.info.get(COPY_IN_START_STEP, {}).get(storage, plan.prefetch_step[storage]))
 
 
-def _is_reload(node: fx.Node) -> bool:
+def is_reload(node: fx.Node) -> bool:
     if node.target is torch.ops.prims.device_put.default:
         return node.name.startswith(RELOAD_PREFIX)
     ao_reload = getattr(getattr(torch.ops, "ao", None), "reload", None)

@@ -74,7 +74,7 @@ def _flops(node: fx.Node) -> float:
     args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
     try:
         return float(formula(*args, **kwargs, out_val=node.meta.get("val")))
-    except Exception:  # a formula that does not accept these arguments: count it as FlopCounterMode would fail to
+    except Exception:  # a formula that does not accept these (fake) arguments: no FLOPs known
         return 0.0
 
 
