@@ -154,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     config = ExampleConfig(vocab=512, seq_len=args.seq_len, hidden=args.hidden, heads=4, layers=args.layers,
                            ffn=args.ffn, micro_batch=args.micro_batch)
     torch._inductor.config.fallback_random = True  # compiled dropout draws the eager masks: comparable
+    load_before = os.getloadavg()
     rows = []
     for kind in args.kinds.split(","):
         model = make_example(kind, config)
@@ -197,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
         f"Machine: {os.cpu_count()}-core CPU (`nproc` = {usable_cpus()}), "
         f"{platform.machine()}, torch {torch.__version__} ({torch.get_num_threads()} intra-op threads, the default), "
         f"Python {platform.python_version()}.",
+        f"Load average (1 min) {load_before[0]:.1f} before the run and {os.getloadavg()[0]:.1f} after it, on "
+        f"{usable_cpus()} usable CPUs: above that count other processes shared the cores and the times spread.",
         f"Models: `ExampleConfig(vocab={config.vocab}, seq_len={config.seq_len}, hidden={config.hidden}, "
         f"heads={config.heads}, layers={config.layers}, ffn={config.ffn}, micro_batch={config.micro_batch})`, "
         "float32, dropout 0.1.",
