@@ -91,7 +91,9 @@ def test_hugging_face_models_aot_eager(kind, policy):
 @pytest.mark.parametrize("policy", POLICIES)
 def test_hugging_face_models_every_policy_aot_eager(kind, policy):
     model, tokens = _hf(kind)
-    for graph in check_compiled(model, tokens, _hf_loss, policy=policy, graphs=HF_GRAPHS[kind]):
+    # full-recompute cannot reach 0.5 on the tiny GPT-2 (its logits dominate), as on the runtime's tests
+    budget = 0.7 if policy == "full-recompute" else 0.5
+    for graph in check_compiled(model, tokens, _hf_loss, policy=policy, graphs=HF_GRAPHS[kind], budget=budget):
         check_reload_steps(graph)
 
 
