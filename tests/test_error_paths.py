@@ -23,8 +23,8 @@ from slackswap.errors import (
     ValidationError,
 )
 from slackswap.hardware import PRESETS
-from slackswap.plans import Action, Plan, check_plan
-from slackswap.schedule import make_plan
+from slackswap.plans import Action, Plan
+from slackswap.schedule import check_plan, make_plan
 from slackswap.sim import simulate
 from slackswap.workloads.synthetic import chain
 

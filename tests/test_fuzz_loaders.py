@@ -24,8 +24,8 @@ from hypothesis import strategies as st
 
 from slackswap.errors import SlackswapError
 from slackswap.hardware import PRESETS, Hardware
-from slackswap.plans import Action, Plan, check_plan
-from slackswap.schedule import make_plan
+from slackswap.plans import Action, Plan
+from slackswap.schedule import check_plan, make_plan
 from slackswap.sim import simulate, simulate_ideal
 from slackswap.timeline import Timeline
 from slackswap.workload import Workload

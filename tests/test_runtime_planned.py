@@ -82,7 +82,7 @@ def test_planner_plan_runs_exactly_as_planned(profiled, kind, policy, budget):
     manager = runtime.manager
     assert manager.group_steps == sorted(n - 1 - workload.op_index[r] for r in plan.recompute_groups)
     assert stats.step_recompute_ops == sum(len(g) for g in plan.recompute_groups.values())
-    starts = plan.info.get("copy_in_start_step", {})
+    starts = plan.schedule.start_steps()
     assert starts.keys() == plan.prefetch_step.keys()
     assert all(starts[t] >= step for t, step in plan.prefetch_step.items())
     assert manager.copy_in_steps == starts

@@ -6,9 +6,9 @@ import pytest
 
 from slackswap.errors import ValidationError
 from slackswap.hardware import Hardware
-from slackswap.plans import Action, check_plan
+from slackswap.plans import Action
 from slackswap.schedule import (
-    backward_step_starts_s, derive_recompute_groups, first_need_step, first_use_step, make_plan, prefetch_alap,
+    backward_step_starts_s, check_plan, derive_recompute_groups, first_need_step, first_use_step, make_plan, prefetch_alap,
 )
 from slackswap.sim import simulate
 from slackswap.workloads.synthetic import chain, dag

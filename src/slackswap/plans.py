@@ -4,9 +4,11 @@ A plan gives each saved tensor an Action. SWAP tensors also get ``prefetch_step`
 the backward step at whose start their copy back is issued (step k is the backward
 of op ``ops[n-1-k]``; step 0 starts when the forward pass ends). ``recompute_groups``
 lists, for each backward step that needs them, the forward ops re-run just before
-it. Groups are derived from the actions and prefetch steps by
-``slackswap.schedule.derive_recompute_groups``; they are stored so that a person, the
-runtime and the trace can read them, and checked against the derivation on load.
+it. ``schedule`` is what the simulator and the runtime execute: the groups with their
+steps, and the copies back in the order of the host-to-device stream, each with the step
+it is issued at and the step its copy starts at. Groups and schedule are derived by
+``slackswap.schedule`` (make_plan); this module holds the data and its JSON only, and
+``slackswap.schedule.check_plan`` checks a loaded plan against the derivation.
 """
 
 from __future__ import annotations
@@ -20,7 +22,10 @@ from ._fields import Fields, read_json_file, write_text_atomic
 from .errors import PlanMismatchError, ValidationError
 from .workload import Workload
 
-PLAN_FORMAT = "slackswap.plan/1"
+PLAN_FORMAT = "slackswap.plan/2"
+"""Version 2 adds ``schedule``. A version-1 file lacks the copy-back order and start steps,
+which need the workload and the hardware to derive, so it is refused with the fix."""
+_OLD_PLAN_FORMATS = ("slackswap.plan/1",)
 
 
 class Action(str, enum.Enum):
@@ -36,6 +41,68 @@ class Action(str, enum.Enum):
             raise ValidationError(f"{where} is {text!r}: use one of keep, swap, recompute") from None
 
 
+@dataclass(frozen=True)
+class RecomputeGroup:
+    """Forward ops re-run at the start of one backward step, before that step's backward op."""
+
+    step: int
+    before: str
+    """The op whose backward step this is (it needs what the group rebuilds)."""
+    ops: tuple[str, ...]
+    """The forward ops re-run, in execution order."""
+
+
+@dataclass(frozen=True)
+class CopyBack:
+    """One swapped tensor's copy back to the device."""
+
+    tensor: str
+    issue_step: int
+    """The plan's prefetch step: the simulator issues the copy at the start of this backward step."""
+    start_step: int
+    """The backward step at which the simulated copy starts (after copies ahead of it on the stream,
+    and memory, allow); the runtime issues it here, so it holds what the simulation holds."""
+
+
+@dataclass(frozen=True)
+class ExecutionSchedule:
+    """What runs when in the backward pass: the recompute groups by step, and the copies back in the
+    order of the in-order host-to-device stream. Derived by slackswap.schedule.derive_schedule."""
+
+    recompute_groups: tuple[RecomputeGroup, ...] = ()
+    copy_backs: tuple[CopyBack, ...] = ()
+
+    def group_at_step(self) -> dict[int, RecomputeGroup]:
+        return {g.step: g for g in self.recompute_groups}
+
+    def start_steps(self) -> dict[str, int]:
+        return {c.tensor: c.start_step for c in self.copy_backs}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "recompute_groups": [{"step": g.step, "before": g.before, "ops": list(g.ops)} for g in self.recompute_groups],
+            "copy_backs": [{"tensor": c.tensor, "issue_step": c.issue_step, "start_step": c.start_step}
+                           for c in self.copy_backs],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "ExecutionSchedule":
+        top = Fields(data, "plan.schedule")
+        groups = []
+        for i, raw in enumerate(top.list("recompute_groups")):
+            f = Fields(raw, f"plan.schedule.recompute_groups[{i}]")
+            groups.append(RecomputeGroup(step=f.int("step", minimum=0), before=f.str("before"), ops=f.str_list("ops")))
+            f.no_extra()
+        copies = []
+        for i, raw in enumerate(top.list("copy_backs")):
+            f = Fields(raw, f"plan.schedule.copy_backs[{i}]")
+            copies.append(CopyBack(tensor=f.str("tensor"), issue_step=f.int("issue_step", minimum=0),
+                                   start_step=f.int("start_step", minimum=0)))
+            f.no_extra()
+        top.no_extra()
+        return cls(recompute_groups=tuple(groups), copy_backs=tuple(copies))
+
+
 @dataclass(frozen=True, kw_only=True)
 class Plan:
     workload_name: str
@@ -46,6 +113,8 @@ class Plan:
     actions: Mapping[str, Action]
     prefetch_step: Mapping[str, int] = field(default_factory=dict)
     recompute_groups: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    schedule: ExecutionSchedule = field(default_factory=ExecutionSchedule)
+    """The execution order the simulator and the runtime follow (part of the plan's identity)."""
     info: Mapping[str, Any] = field(default_factory=dict, compare=False)
     """Planner diagnostics (objective values, solve time); not part of the plan's identity."""
     profile: Workload | None = field(default=None, compare=False, repr=False)
@@ -75,6 +144,7 @@ class Plan:
             "budget_bytes": self.budget_bytes,
             "tensors": rows,
             "recompute_groups": {k: list(v) for k, v in self.recompute_groups.items()},
+            "schedule": self.schedule.to_dict(),
             "info": dict(self.info),
             **({"profile": self.profile.to_dict()} if self.profile is not None else {}),
         }
@@ -89,6 +159,11 @@ class Plan:
     def from_dict(cls, data: Any) -> "Plan":
         top = Fields(data, "plan")
         fmt = top.str("format", default=PLAN_FORMAT)
+        if fmt in _OLD_PLAN_FORMATS:
+            raise ValidationError(
+                f"plan.format is {fmt!r}, from an older slackswap, without the execution schedule "
+                f"{PLAN_FORMAT!r} carries: make the plan again (slackswap plan, or slackswap.plan)"
+            )
         if fmt != PLAN_FORMAT:
             raise ValidationError(f"plan.format is {fmt!r}, expected {PLAN_FORMAT!r}: make the plan again")
         budget = top.obj.get("budget_bytes")
@@ -119,54 +194,19 @@ class Plan:
         plan = cls(
             workload_name=top.str("workload"), workload_fingerprint=top.str("workload_fingerprint"),
             policy=top.str("policy"), budget_bytes=budget, actions=actions, prefetch_step=prefetch,
-            recompute_groups=groups, info=top.dict("info", default={}), profile=profile,
+            recompute_groups=groups, schedule=ExecutionSchedule.from_dict(top.dict("schedule")),
+            info=top.dict("info", default={}), profile=profile,
         )
         top.no_extra()
-        if profile is not None:
-            check_plan(profile, plan)  # the carried profile is the plan's workload
+        if profile is not None and profile.fingerprint != plan.workload_fingerprint:
+            # The carried profile must be the plan's workload; the rest of the plan is checked
+            # against it (slackswap.schedule.check_plan) when it is simulated or applied.
+            raise PlanMismatchError(
+                f"plan was made for workload {plan.workload_name!r} (fingerprint {plan.workload_fingerprint}), "
+                f"but the profile it carries has fingerprint {profile.fingerprint}: make the plan again"
+            )
         return plan
 
     @classmethod
     def load(cls, path) -> "Plan":
         return cls.from_dict(read_json_file(path, "plan"))
-
-
-def check_plan(workload: Workload, plan: Plan) -> None:
-    """Raise PlanMismatchError or ValidationError unless ``plan`` can execute on ``workload``."""
-    from .schedule import derive_recompute_groups  # schedule imports plan; keep the cycle local
-
-    if plan.workload_fingerprint != workload.fingerprint:
-        raise PlanMismatchError(
-            f"plan was made for workload {plan.workload_name!r} (fingerprint {plan.workload_fingerprint}), "
-            f"not for {workload.name!r} (fingerprint {workload.fingerprint}): make the plan again for this workload"
-        )
-    saved = {t.name for t in workload.saved_tensors}
-    for name in plan.actions:
-        if name not in saved:
-            raise PlanMismatchError(f"plan names tensor {name!r}, which the workload does not save: make the plan again")
-    for t in workload.saved_tensors:
-        if t.name not in plan.actions:
-            raise PlanMismatchError(f"plan has no action for saved tensor {t.name!r}: make the plan again")
-        action = plan.actions[t.name]
-        if t.producer is None and action is not Action.KEEP:
-            raise ValidationError(f"plan: {t.name!r} is a step input and can only be kept, not {action.value}")
-    n = len(workload.ops)
-    for name, action in plan.actions.items():
-        if action is Action.SWAP:
-            if name not in plan.prefetch_step:
-                raise ValidationError(f"plan: swapped tensor {name!r} has no prefetch_step")
-            first_use = n - 1 - workload.op_index[max(workload.tensor_by_name[name].bwd_readers, key=workload.op_index.__getitem__)]
-            step = plan.prefetch_step[name]
-            if not 0 <= step <= first_use:
-                raise ValidationError(
-                    f"plan: prefetch_step of {name!r} is {step}; it must be between 0 and {first_use}, "
-                    "the backward step of its first use"
-                )
-        elif name in plan.prefetch_step:
-            raise ValidationError(f"plan: {name!r} has a prefetch_step but is not swapped")
-    expected = derive_recompute_groups(workload, plan.actions, plan.prefetch_step)
-    if dict(plan.recompute_groups) != expected:
-        raise ValidationError(
-            "plan.recompute_groups do not match the actions and prefetch steps: make the plan again "
-            "(groups are derived by slackswap.schedule.derive_recompute_groups)"
-        )

@@ -1,25 +1,39 @@
-"""Turn per-tensor actions into an executable Plan: recompute groups and prefetch steps.
+"""Turn per-tensor actions into an executable Plan: recompute groups, prefetch steps and the
+execution schedule, and check a plan against them.
 
-Both are pure functions of the workload, the actions and (for prefetch timing) the
+All are pure functions of the workload, the actions and (for prefetch timing) the
 hardware, so every planner shares one definition and a loaded plan can be checked.
+The schedule's copy-back start steps come from a simulation (slackswap.sim.copy_starts);
+everything else in it is derived here.
 """
 
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from typing import Any, Mapping
 
-from .errors import ValidationError
+from .errors import PlanMismatchError, ValidationError
 from .hardware import Hardware
-from .plans import Action, Plan
+from .plans import Action, CopyBack, ExecutionSchedule, Plan, RecomputeGroup
 from .workload import Workload
+
+
+def backward_step_of(n_ops: int, op_index: int) -> int:
+    """The backward step that runs op ``op_index``'s backward: the backward pass runs the ops in
+    reverse, so step 0 is the last op's."""
+    return n_ops - 1 - op_index
+
+
+def op_of_backward_step(n_ops: int, step: int) -> int:
+    """The index of the op whose backward runs at backward step ``step``."""
+    return n_ops - 1 - step
 
 
 def first_use_step(workload: Workload, name: str) -> int:
     """Backward step of the first backward read of a saved tensor."""
-    n = len(workload.ops)
     latest_reader = max(workload.op_index[r] for r in workload.tensor_by_name[name].bwd_readers)
-    return n - 1 - latest_reader
+    return backward_step_of(len(workload.ops), latest_reader)
 
 
 def first_need_step(workload: Workload, actions: Mapping[str, Action]) -> dict[str, int]:
@@ -39,7 +53,7 @@ def first_need_step(workload: Workload, actions: Mapping[str, Action]) -> dict[s
     full = {t.name: actions.get(t.name, Action.KEEP) for t in workload.saved_tensors}  # unnamed: kept
     groups = derive_recompute_groups(workload, full, {name: 0 for name in swapped})
     for op_name, group in groups.items():
-        step = len(ops) - 1 - workload.op_index[op_name]
+        step = backward_step_of(len(ops), workload.op_index[op_name])
         for producer in group:
             for name in ops[workload.op_index[producer]].inputs:
                 if name in need and step < need[name]:
@@ -72,7 +86,7 @@ def derive_recompute_groups(
         arrivals.setdefault(step, []).append(name)
     groups: dict[str, tuple[str, ...]] = {}
     for k in range(n):
-        op_i = n - 1 - k
+        op_i = op_of_backward_step(n, k)
         bwd_op = ops[op_i]
         resident.update(arrivals.get(k, ()))
         group: list[str] = []
@@ -137,7 +151,7 @@ def backward_step_starts_s(
     now = 0.0
     for k in range(n):
         starts.append(now)
-        bwd_op = ops[n - 1 - k]
+        bwd_op = ops[op_of_backward_step(n, k)]
         now += sum(ops[workload.op_index[g]].fwd_time_s for g in groups.get(bwd_op.name, ()))
         now += bwd_op.bwd_time_s
     return starts
@@ -196,6 +210,53 @@ def _as_action(value, name: str) -> Action:
     raise ValidationError(f"action of {name!r} must be keep, swap or recompute, got {value!r}")
 
 
+def copy_back_order(workload: Workload, prefetch_step: Mapping[str, int]) -> list[str]:
+    """The swapped tensors in the order of the in-order host-to-device stream: by prefetch step,
+    then first use, then production order."""
+    production = {t.name: i for i, t in enumerate(workload.saved_tensors)}
+    return sorted(prefetch_step, key=lambda s: (prefetch_step[s], first_use_step(workload, s), production[s]))
+
+
+def derive_schedule(
+    workload: Workload,
+    prefetch_step: Mapping[str, int],
+    recompute_groups: Mapping[str, tuple[str, ...]],
+    start_step: Mapping[str, int] | None = None,
+) -> ExecutionSchedule:
+    """The execution schedule of a plan's prefetch steps and recompute groups. ``start_step`` gives
+    the step at which each copy back starts in the simulation (slackswap.sim.copy_starts); a copy
+    without one starts at its prefetch step."""
+    n = len(workload.ops)
+    starts = start_step or {}
+    groups = sorted(
+        (RecomputeGroup(backward_step_of(n, workload.op_index[before]), before, tuple(ops))
+         for before, ops in recompute_groups.items()),
+        key=lambda g: g.step,
+    )
+    copies = tuple(
+        CopyBack(name, prefetch_step[name], max(prefetch_step[name], starts.get(name, prefetch_step[name])))
+        for name in copy_back_order(workload, prefetch_step)
+    )
+    return ExecutionSchedule(recompute_groups=tuple(groups), copy_backs=copies)
+
+
+def rescheduled(
+    workload: Workload,
+    plan: Plan,
+    *,
+    prefetch_step: Mapping[str, int] | None = None,
+    recompute_groups: Mapping[str, tuple[str, ...]] | None = None,
+    start_step: Mapping[str, int] | None = None,
+) -> Plan:
+    """``plan`` with some of its prefetch steps, recompute groups or copy-back start steps replaced,
+    and its schedule derived again from them (the other parts are kept)."""
+    prefetch = dict(plan.prefetch_step if prefetch_step is None else prefetch_step)
+    groups = dict(plan.recompute_groups if recompute_groups is None else recompute_groups)
+    starts = plan.schedule.start_steps() if start_step is None else dict(start_step)
+    schedule = derive_schedule(workload, prefetch, groups, {k: v for k, v in starts.items() if k in prefetch})
+    return dataclasses.replace(plan, prefetch_step=prefetch, recompute_groups=groups, schedule=schedule)
+
+
 def make_plan(
     workload: Workload,
     actions: Mapping[str, Action],
@@ -222,5 +283,56 @@ def make_plan(
     return Plan(
         workload_name=workload.name, workload_fingerprint=workload.fingerprint, policy=policy,
         budget_bytes=budget_bytes, actions=full, prefetch_step=dict(prefetch_step),
-        recompute_groups=groups, info=dict(info or {}),
+        recompute_groups=groups, schedule=derive_schedule(workload, prefetch_step, groups), info=dict(info or {}),
     )
+
+
+def check_plan(workload: Workload, plan: Plan) -> None:
+    """Raise PlanMismatchError or ValidationError unless ``plan`` can execute on ``workload``."""
+    if plan.workload_fingerprint != workload.fingerprint:
+        raise PlanMismatchError(
+            f"plan was made for workload {plan.workload_name!r} (fingerprint {plan.workload_fingerprint}), "
+            f"not for {workload.name!r} (fingerprint {workload.fingerprint}): make the plan again for this workload"
+        )
+    saved = {t.name for t in workload.saved_tensors}
+    for name in plan.actions:
+        if name not in saved:
+            raise PlanMismatchError(f"plan names tensor {name!r}, which the workload does not save: make the plan again")
+    for t in workload.saved_tensors:
+        if t.name not in plan.actions:
+            raise PlanMismatchError(f"plan has no action for saved tensor {t.name!r}: make the plan again")
+        action = plan.actions[t.name]
+        if t.producer is None and action is not Action.KEEP:
+            raise ValidationError(f"plan: {t.name!r} is a step input and can only be kept, not {action.value}")
+    for name, action in plan.actions.items():
+        if action is Action.SWAP:
+            if name not in plan.prefetch_step:
+                raise ValidationError(f"plan: swapped tensor {name!r} has no prefetch_step")
+            first_use = first_use_step(workload, name)
+            step = plan.prefetch_step[name]
+            if not 0 <= step <= first_use:
+                raise ValidationError(
+                    f"plan: prefetch_step of {name!r} is {step}; it must be between 0 and {first_use}, "
+                    "the backward step of its first use"
+                )
+        elif name in plan.prefetch_step:
+            raise ValidationError(f"plan: {name!r} has a prefetch_step but is not swapped")
+    expected = derive_recompute_groups(workload, plan.actions, plan.prefetch_step)
+    if dict(plan.recompute_groups) != expected:
+        raise ValidationError(
+            "plan.recompute_groups do not match the actions and prefetch steps: make the plan again "
+            "(groups are derived by slackswap.schedule.derive_recompute_groups)"
+        )
+    starts = plan.schedule.start_steps()
+    for name, step in starts.items():
+        if name in plan.prefetch_step and not plan.prefetch_step[name] <= step <= first_use_step(workload, name):
+            raise ValidationError(
+                f"plan.schedule: the copy back of {name!r} starts at step {step}; it must be between its "
+                f"prefetch_step {plan.prefetch_step[name]} and {first_use_step(workload, name)}, the step of its "
+                "first use: make the plan again"
+            )
+    if plan.schedule != derive_schedule(workload, plan.prefetch_step, plan.recompute_groups, starts):
+        raise ValidationError(
+            "plan.schedule does not match the plan's prefetch steps and recompute groups: make the plan again "
+            "(the schedule is derived by slackswap.schedule.derive_schedule)"
+        )

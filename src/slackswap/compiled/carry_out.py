@@ -198,10 +198,8 @@ def place_reloads(bw: fx.GraphModule, graph_workload: GraphWorkload, plan: Plan)
 
 def issue_step(plan: Plan, storage: str) -> int:
     """Backward step at which the copy back of ``storage`` is issued: where the simulation starts it
-    (``plan.info["copy_in_start_step"]``, which slackswap.plan records), else the plan's prefetch step."""
-    from ..sim.copy_starts import COPY_IN_START_STEP
-
-    return int(plan.info.get(COPY_IN_START_STEP, {}).get(storage, plan.prefetch_step[storage]))
+    (its start step in ``plan.schedule``, which slackswap.plan records), else the plan's prefetch step."""
+    return plan.schedule.start_steps().get(storage, plan.prefetch_step[storage])
 
 
 def is_reload(node: fx.Node) -> bool:

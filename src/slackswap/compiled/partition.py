@@ -12,8 +12,8 @@ from torch._functorch.partitioners import default_partition
 
 from ..errors import PlanMismatchError, ValidationError
 from ..hardware import Hardware
-from ..plans import Action, Plan, check_plan
-from ..schedule import make_plan
+from ..plans import Action, Plan
+from ..schedule import check_plan, make_plan
 from ..workload import Workload
 from . import carry_out
 from .graph_workload import GraphWorkload, build_graph_workload

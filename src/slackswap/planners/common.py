@@ -14,6 +14,7 @@ Every planner works on the same facts, computed once per workload:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from functools import cached_property
@@ -250,11 +251,7 @@ def finish(workload: Workload, hardware: Hardware, plan: Plan, budget_bytes: int
 
 
 def with_info(plan: Plan, **info) -> Plan:
-    merged = dict(plan.info)
-    merged.update(info)
-    return Plan(workload_name=plan.workload_name, workload_fingerprint=plan.workload_fingerprint,
-                policy=plan.policy, budget_bytes=plan.budget_bytes, actions=plan.actions,
-                prefetch_step=plan.prefetch_step, recompute_groups=plan.recompute_groups, info=merged)
+    return dataclasses.replace(plan, info={**plan.info, **info})
 
 
 def block_layers(workload: Workload) -> list[int]:

@@ -14,6 +14,7 @@ from typing import Any
 
 from .._fields import write_text_atomic
 from ..plans import Plan
+from ..schedule import op_of_backward_step
 from ..timeline import Timeline
 from ..units import format_bytes
 from ..workload import Workload
@@ -121,7 +122,7 @@ def _span(e, workload: Workload | None, plan: Plan | None) -> dict[str, Any]:
         args["layer"] = op.layer
         args["op_kind"] = op.kind
         if e.kind == "recompute" and 0 <= e.step < len(workload.ops):
-            args["for_backward_of"] = workload.ops[len(workload.ops) - 1 - e.step].name
+            args["for_backward_of"] = workload.ops[op_of_backward_step(len(workload.ops), e.step)].name
     if plan is not None and not is_copy and workload is not None and e.name in workload.op_index:
         op = workload.ops[workload.op_index[e.name]]
         saved = {t: plan.actions[t].value for t in op.outputs if t in plan.actions}

@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 
 from ..errors import PlanMismatchError, UnsupportedModelError, ValidationError
-from ..plans import Plan, check_plan
+from ..plans import Plan
 from ..profiler.fsdp import FsdpUnits, local_tensor
+from ..schedule import check_plan
 from ..profiler.model_support import called_from_compiled_code, check_not_capturing, unwrap_model, \
     warn_compiled_runs_eagerly
 from ..workload import Workload

@@ -26,6 +26,7 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 from ..errors import CheckpointBackendError, PlanMismatchError
 from ..hardware import DEFAULT_HARDWARE, get_hardware
 from ..plans import Plan
+from ..schedule import backward_step_of
 from ..profiler.tracer import _IGNORED_OPS
 from ..workload import Workload
 from .apply import check_step_context, device_and_param_keys
@@ -77,7 +78,7 @@ class CheckpointSwapManager(SwapManager):
         self.cmap = cmap
         packed = {e.name for e in cmap.execution.pack_sequence}
         self.region_cached = {r.call: tuple(t for t in r.cached if t not in packed) for r in cmap.regions}
-        self.triggers = {self.n - 1 - r.trigger: r for r in cmap.regions}
+        self.triggers = {backward_step_of(self.n, r.trigger): r for r in cmap.regions}
         self.region_held: dict[str, int] = {}
         """Saved tensors checkpoint holds now -> backward step after which they are released."""
 
@@ -100,7 +101,7 @@ class CheckpointSwapManager(SwapManager):
     def region_forward_done(self, call: str) -> None:
         for name in self.region_cached.get(call, ()):
             if name not in self.region_held:
-                self.region_held[name] = self.n - 1 - self.last_reader[name]
+                self.region_held[name] = backward_step_of(self.n, self.last_reader[name])
                 self._add(self.size[name])
 
     def begin_backward_step(self, step: int) -> None:
@@ -115,7 +116,7 @@ class CheckpointSwapManager(SwapManager):
                 self.group_steps.append(k)
                 for name in region.rebuilt:
                     if name not in self.region_held:
-                        self.region_held[name] = self.n - 1 - self.last_reader[name]
+                        self.region_held[name] = backward_step_of(self.n, self.last_reader[name])
                         self._add(self.size[name])
                 self.stats.recompute_ops += len(region.rerun)
                 self.stats.step_recompute_ops += len(region.rerun)

@@ -27,11 +27,11 @@ trigger steps). ``faithful`` is True when there is none; the backend refuses oth
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Mapping
 
 from ..plans import Action, Plan
+from ..schedule import backward_step_of, rescheduled
 from ..workload import Workload
 from .mapping import LOSS_CALL, RANDOM_OPS, ExecutionMap, PackEntry, _meta, aten_name
 
@@ -228,7 +228,7 @@ def build_checkpoint_map(workload: Workload, plan: Plan, hardware=None) -> Check
                     action = Action.KEEP
                 sequence.append(PackEntry(name, action, region.trigger))
                 if action is Action.SWAP:
-                    arg_step[name] = min(arg_step.get(name, n), n - 1 - region.trigger)
+                    arg_step[name] = min(arg_step.get(name, n), backward_step_of(n, region.trigger))
             continue
         name, reader, call = row[1], row[2], row[3]
         if name is None or region_of_call.get(call) in by_call:
@@ -255,15 +255,13 @@ def build_checkpoint_map(workload: Workload, plan: Plan, hardware=None) -> Check
 
     # ---- the schedule as checkpoint runs it, and its memory -------------------------------------
     prefetch = dict(plan.prefetch_step)
-    starts = dict(plan.info.get("copy_in_start_step") or {})
+    starts = plan.schedule.start_steps()
     for name, step in arg_step.items():
         prefetch[name] = min(prefetch[name], step)
-        if name in starts:
-            starts[name] = min(int(starts[name]), step)
-    info = {**plan.info, "copy_in_start_step": starts} if starts else dict(plan.info)
-    manager_plan = dataclasses.replace(plan, recompute_groups={}, prefetch_step=prefetch, info=info)
+        starts[name] = min(starts[name], step)
+    manager_plan = rescheduled(workload, plan, recompute_groups={}, prefetch_step=prefetch, start_step=starts)
     groups = {ops[r.trigger].name: tuple(ops[i].name for i in r.rerun) for r in regions if r.rerun}
-    simulated_plan = dataclasses.replace(plan, recompute_groups=groups, prefetch_step=prefetch)
+    simulated_plan = rescheduled(workload, plan, recompute_groups=groups, prefetch_step=prefetch)
     predicted = None
     if not notes and hardware is not None:
         timeline = simulate(workload, hardware, simulated_plan, budget_bytes=2**62, check=False)

@@ -28,6 +28,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from ..errors import PlanMismatchError
+from ..schedule import backward_step_of
 from ..profiler.tracer import _IGNORED_OPS, written_tensors
 from .mapping import aten_name
 
@@ -138,7 +139,7 @@ class ForwardRecorder:
             if node is not None:
                 if id(node) not in self.hooked:
                     self.hooked.add(id(node))
-                    step = self.n - 1 - i
+                    step = backward_step_of(self.n, i)
                     # A weak reference: a node outliving the step (a graph the user keeps) must not
                     # keep the manager and its host pool alive.
                     node.register_prehook(clock_hook(weakref.ref(self.manager), step, self.manager.generation))

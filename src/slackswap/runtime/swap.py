@@ -18,9 +18,10 @@ plan says, on the plan's schedule.
   their last reader is done, the rest are dropped when the group ends (docs/simulator.md).
 * The clock: backward step k starts at the pre-hook of op n-1-k's autograd node (or, for nodes
   the recorder could not hook, at the first unpack of that step). At each step the manager runs
-  the step's recompute group, then issues, in the simulator's order, the copies back whose
-  ``prefetch_step`` has come, as long as they fit the plan's budget by the manager's count (a
-  copy that does not fit waits for a later step, as the simulator's copy waits for memory).
+  the step's recompute group, then issues, in the plan's schedule order (``plan.schedule``, the
+  simulator's order), the copies back whose start step has come, as long as they fit the plan's
+  budget by the manager's count (a copy that does not fit waits for a later step, as the
+  simulator's copy waits for memory).
   A tensor read before its copy back was issued is fetched at once: ``late_prefetches``.
 * Failures (docs/runtime.md, Failures): when the host pool cannot be allocated, the tensors
   the plan swaps are kept on the device from then on (one RuntimeFallbackWarning, counted in the
@@ -44,7 +45,7 @@ from ..errors import PlanMismatchError, RuntimeFallbackWarning, RuntimeMemoryErr
 from ..memory.host import HOST_SLOT_ALIGN_BYTES
 from ..plans import Action, Plan
 from ..profiler.fsdp import FsdpUnits
-from ..schedule import first_use_step
+from ..schedule import backward_step_of, op_of_backward_step
 from ..workload import Workload
 from .mapping import ExecutionMap
 from .replay import TensorRef, output_sources, rng_state, set_rng_state
@@ -117,8 +118,8 @@ class SwapManager:
         self.expected = emap.pack_sequence
         self.budget = plan.budget_bytes
         self.stats = RuntimeStats()
-        self.groups = {workload.op_index[reader]: tuple(workload.op_index[g] for g in group)
-                       for reader, group in plan.recompute_groups.items()}
+        self.groups = {op_of_backward_step(self.n, g.step): tuple(workload.op_index[op] for op in g.ops)
+                       for g in plan.schedule.recompute_groups}
         self.sources = {i: output_sources(workload.ops[i].outputs) for i in emap.group_ops}
         swapped: list[str] = []
         for e in self.expected:
@@ -134,13 +135,9 @@ class SwapManager:
         self.pool_error: str | None = None
         """Why the host pool could not be allocated; set once, after which swaps are kept."""
         self.slot_h2d_event: dict[str, object] = {}
-        production = {t.name: i for i, t in enumerate(workload.saved_tensors)}
-        self.h2d_order = sorted(swapped, key=lambda s: (plan.prefetch_step.get(s, 0), first_use_step(workload, s),
-                                                        production.get(s, 0)))
-        # Issue each copy back at the step the simulation starts it (slackswap.plan records it for
-        # profiled workloads), else at its prefetch step; in the simulator's order either way.
-        starts = plan.info.get("copy_in_start_step") or {}
-        self.issue_step = {s: max(plan.prefetch_step[s], int(starts.get(s, 0))) for s in swapped}
+        # Each copy back is issued at the step the simulation starts it, in the simulator's order.
+        self.h2d_order = [c.tensor for c in plan.schedule.copy_backs]
+        self.issue_step = {c.tensor: c.start_step for c in plan.schedule.copy_backs}
         if self.cuda:
             self.d2h_stream = torch.cuda.Stream(device)
             self.h2d_stream = torch.cuda.Stream(device)
@@ -285,7 +282,7 @@ class SwapManager:
         if state.action is Action.KEEP:
             # Holds its tensor itself, so it is right even in a graph of an abandoned step.
             if self.states.get(state.name) is state:
-                self.begin_backward_step(self.n - 1 - h.reader)
+                self.begin_backward_step(backward_step_of(self.n, h.reader))
             return h.tensor
         if self.states.get(state.name) is not state:
             raise StaleStepError(
@@ -295,7 +292,7 @@ class SwapManager:
             )
         self.busy = True
         try:
-            self.begin_backward_step(self.n - 1 - h.reader)
+            self.begin_backward_step(backward_step_of(self.n, h.reader))
             storage = self._storage(state.name, {}, reading=True)
             with torch.no_grad():
                 return torch.empty(0, dtype=h.dtype, device=storage.device).set_(storage, h.offset, h.shape, h.stride)
@@ -350,9 +347,9 @@ class SwapManager:
             while self.clock < step:
                 self.clock += 1
                 k = self.clock
-                for name in [n for n in self.rebuilt if self.n - 1 - self.last_reader[n] < k]:
+                for name in [n for n in self.rebuilt if backward_step_of(self.n, self.last_reader[n]) < k]:
                     self._drop_rebuilt(name)  # its last reader is done (the handle may outlive it)
-                reader = self.n - 1 - k
+                reader = op_of_backward_step(self.n, k)
                 if reader in self.groups:
                     self.group_steps.append(k)
                     self.run_group(reader)

@@ -1,4 +1,4 @@
-"""When each copy back starts in the simulation, as a backward step: what the runtime issues it at.
+"""When each copy back starts in the simulation, as a backward step: the runtime issues it then.
 
 A copy back is issued at its ``prefetch_step`` but waits on the in-order copy stream (and
 for memory), and the simulator counts its bytes from its start. The runtime allocates a
@@ -9,15 +9,12 @@ starts to hold what the simulation holds (docs/runtime.md).
 from __future__ import annotations
 
 import bisect
-import dataclasses
 
 from ..hardware import Hardware
 from ..plans import Plan
+from ..schedule import rescheduled
 from ..workload import Workload
 from .simulator import simulate
-
-COPY_IN_START_STEP = "copy_in_start_step"
-"""plan.info key: the backward step at which the simulation starts each copy back."""
 
 
 def copy_in_start_steps(workload: Workload, hardware: Hardware, plan: Plan) -> dict[str, int]:
@@ -37,8 +34,6 @@ def copy_in_start_steps(workload: Workload, hardware: Hardware, plan: Plan) -> d
 
 
 def with_copy_in_start_steps(workload: Workload, hardware: Hardware, plan: Plan) -> Plan:
-    """``plan`` carrying the step at which the simulation starts each of its copies back."""
+    """``plan`` whose schedule carries the step at which the simulation starts each copy back."""
     starts = copy_in_start_steps(workload, hardware, plan)
-    if not starts:
-        return plan
-    return dataclasses.replace(plan, info={**plan.info, COPY_IN_START_STEP: starts})
+    return rescheduled(workload, plan, start_step=starts) if starts else plan

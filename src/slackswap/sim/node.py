@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 from ..errors import InfeasiblePlanError, ValidationError
 from ..nodes import Node
-from ..plans import Action, Plan, check_plan
+from ..plans import Action, Plan
+from ..schedule import check_plan
 from ..timeline import Timeline
 from ..units import format_bytes
 from ..workload import Workload

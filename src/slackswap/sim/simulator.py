@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from ..errors import InfeasiblePlanError
 from ..hardware import Hardware
-from ..plans import Action, Plan, check_plan
-from ..schedule import first_use_step, make_plan
+from ..plans import Action, Plan
+from ..schedule import check_plan, make_plan, op_of_backward_step
 from ..timeline import Event, Timeline
 from ..units import format_bytes
 from ..workload import Workload
@@ -82,11 +82,7 @@ class _Simulation:
         self.d2h_head = 0
         self.d2h: _Copy | None = None
         self.d2h_done: set[str] = set()
-        swapped = [t.name for t in workload.saved_tensors if self.actions[t.name] is Action.SWAP]
-        production = {t.name: i for i, t in enumerate(workload.saved_tensors)}
-        self.h2d_order = sorted(
-            swapped, key=lambda s: (plan.prefetch_step[s], first_use_step(workload, s), production[s])
-        )
+        self.h2d_order = [c.tensor for c in plan.schedule.copy_backs]
         self.h2d_head = 0
         self.h2d: _Copy | None = None
         self.h2d_done: set[str] = set()
@@ -99,11 +95,11 @@ class _Simulation:
 
     # ---- setup ----------------------------------------------------------------------
     def _build_tasks(self) -> list[_Task]:
-        ops = self.w.ops
         tasks = [_Task(_FORWARD, i, -1) for i in range(self.n)]
+        groups = self.plan.schedule.group_at_step()
         for k in range(self.n):
-            op_i = self.n - 1 - k
-            group = self.plan.recompute_groups.get(ops[op_i].name, ())
+            op_i = op_of_backward_step(self.n, k)
+            group = groups[k].ops if k in groups else ()
             first = True
             for j, name in enumerate(group):
                 tasks.append(_Task(_RECOMPUTE, self.w.op_index[name], k, first, j == len(group) - 1))
@@ -294,7 +290,7 @@ class _Simulation:
         elif task.kind == _RECOMPUTE:
             self.recompute_time += op.fwd_time_s
             if task.last_of_group:
-                current = self.n - 1 - task.step
+                current = op_of_backward_step(self.n, task.step)
                 for name in self.group_allocs:
                     keep = self.actions[name] is Action.RECOMPUTE and self.w.last_bwd_reader[name] <= current
                     if not keep:
