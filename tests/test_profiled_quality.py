@@ -8,14 +8,15 @@ roofline) and saved without the runtime's trace fields:
 - hf-llama: transformers' LlamaForCausalLM(LlamaConfig(hidden_size=64, num_hidden_layers=2,
   num_attention_heads=4, num_key_value_heads=4, intermediate_size=128, vocab_size=128,
   max_position_embeddings=32)), input_ids of shape (2, 32) as their own labels, train mode;
-- hf-bert: BertForMaskedLM(BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-  intermediate_size=128, vocab_size=128, max_position_embeddings=32)), the same batch.
+- hf-gpt2: GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=128,
+  n_positions=32)), the same batch.
 
-At these budgets neither `slackswap`'s link-free floor nor any of its swap families fitted, and
-it started from everything swapped: 2.67 % of ideal on example-gpt2 at 40 % of the peak where
-`capuchin` reaches 83.96 %, 2.76 % on hf-llama at 40 % (`slackswap-paper` 4.51 %), 2.54 % on
-hf-bert at 30 % (`slackswap-paper` 3.18 %). Rule 6 now starts from the best plan of the other
-heuristics when none of its own fits.
+At 40 % of the peak neither `slackswap`'s link-free floor nor any of its swap families fitted on
+the first two, and it started from everything swapped: 2.67 % of ideal on example-gpt2 where
+`capuchin` reaches 83.96 %, 2.76 % on hf-llama (`slackswap-paper` 4.51 %). On hf-gpt2 at 80 % its
+own starts led to 96.60 %, `capuchin` 97.12 %. Rule 6 now also starts from the other heuristics'
+plans: when none of its own fits, and always on workloads of at most
+HEURISTIC_STARTS_MAX_OPS ops (these have 145-178).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def throughput(workload: Workload, budget: int, policy: str) -> float | None:
 
 
 @pytest.mark.slow  # 4-25 s per case: every heuristic is planned too
-@pytest.mark.parametrize("name, fraction", [("example-gpt2", 0.4), ("hf-llama", 0.4), ("hf-bert", 0.3)])
+@pytest.mark.parametrize("name, fraction", [("example-gpt2", 0.4), ("hf-llama", 0.4), ("hf-gpt2", 0.8)])
 def test_slackswap_is_never_below_another_heuristic(name, fraction):
     workload = Workload.load(PROFILED / f"{name}.json")
     budget = int(fraction * simulate_ideal(workload, HW).peak_memory_bytes)

@@ -19,7 +19,8 @@ the list:
 6. ``sized_starts``: each family sized to the budget with the simulator (selection.fit_need),
    accepting short waits for memory; a family whose far end does not fit is sized again with
    shorter prefixes of its swaps (``fit_fewer_swaps``); when none fits, everything swapped and
-   the other heuristics' plans are the starts of last resort (``heuristic_starts``); with the
+   the other heuristics' plans are the starts of last resort (``heuristic_starts``), and on
+   workloads of at most HEURISTIC_STARTS_MAX_OPS ops those plans are starts always; with the
    wide search everything swapped is one more start anyway.
 7. ``repair`` (repair.py) of the best start: single changes where the simulated timeline
    points, kept when the step gets faster (or as fast with less work); with the wide search, a
@@ -56,6 +57,10 @@ POLICY = "slackswap"
 # brute-force search in tests/test_brute_force.py.
 WIDE_SEARCH_OP_SIMULATIONS = 4000
 SIZING_ROUNDS = 14
+# Rule 6 also takes the other heuristics' plans as starts on workloads this small, where their
+# planning (tens of simulations together) is cheap: the wide search's op-simulations buy 20 per
+# planning call at this size.
+HEURISTIC_STARTS_MAX_OPS = WIDE_SEARCH_OP_SIMULATIONS // 20
 
 
 def windowed_swaps(facts: Facts, hardware: Hardware, ranked: list[str], *, spill: bool = False,
@@ -238,8 +243,8 @@ def everything_swapped(search: Search) -> Candidate:
 
 
 def heuristic_starts(search: Search) -> list[tuple[Candidate, str]]:
-    """Rule 6's last resort, when neither the floor nor any family fits: the other heuristics'
-    plans that fit, each a start. Everything swapped fits every budget but can stall for most of
+    """Rule 6's other starts: the other heuristics' plans that fit, when neither the floor nor
+    any family fits, and always on workloads of at most HEURISTIC_STARTS_MAX_OPS ops. Everything swapped fits every budget but can stall for most of
     the step where a few copies and more recompute would not (the small profiled models of
     docs/planners.md, rule 6); starting from the best of them, the repair only improves."""
     from .capuchin import plan_capuchin
@@ -287,6 +292,10 @@ def sized_starts(search: Search, floor: Candidate | None) -> list[tuple[Candidat
                 start, start_order = found, label
             else:
                 others.append((found, label))
+    heuristics_taken = False
+    if start is not None and len(search.workload.ops) <= HEURISTIC_STARTS_MAX_OPS:
+        others += heuristic_starts(search)
+        heuristics_taken = True
     if start is None or search.wide_left > 0:
         swap_all = everything_swapped(search)
         if start is None:
@@ -304,6 +313,10 @@ def sized_starts(search: Search, floor: Candidate | None) -> list[tuple[Candidat
     # Two families can size to the same plan (a shorter swap prefix of both); the repeat and
     # copies of the start are dropped, so that rule 9's runner-up is another plan.
     others.sort(key=lambda item: rank(item[0]))
+    if heuristics_taken and others and rank(others[0][0]) < rank(start):
+        # Another heuristic's plan beats every start of this policy's own: it is the start.
+        (start, start_order), others[0] = others[0], (start, start_order)
+        others.sort(key=lambda item: rank(item[0]))
     distinct = {tuple(start.plan.actions.items())}
     starts = [(start, start_order)]
     for other, label in others:
