@@ -179,3 +179,10 @@ def check_output_paths(*paths: str | None) -> None:
 def print_json(obj: Any) -> None:
     json.dump(obj, sys.stdout, indent=1, allow_nan=False)
     sys.stdout.write("\n")
+
+
+def budget_share(budget_bytes: int, unconstrained_peak_bytes: int) -> str:
+    """'40.0% of 1.00 GiB', or why there is no share: a workload that saves nothing has a zero peak."""
+    if unconstrained_peak_bytes <= 0:
+        return "the workload saves no tensor for backward: nothing to plan"
+    return f"{100 * budget_bytes / unconstrained_peak_bytes:.1f}% of {format_bytes(unconstrained_peak_bytes)}"

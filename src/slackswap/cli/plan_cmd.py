@@ -7,8 +7,8 @@ from ..report.console import progress_reporter
 from ..planners import DEFAULT_POLICY, PLANNERS
 from ..units import format_bytes, format_seconds
 from .common import (
-    add_budget_arg, add_device_args, add_hardware_arg, add_workload_args, check_output_paths, device_lines,
-    device_options, gpu_memory_arg, load_hardware, load_workload, print_json,
+    add_budget_arg, add_device_args, add_hardware_arg, add_workload_args, budget_share, check_output_paths,
+    device_lines, device_options, gpu_memory_arg, load_hardware, load_workload, print_json,
 )
 
 
@@ -65,8 +65,7 @@ def summary_lines(plan, timeline, workload, unconstrained_peak_bytes: int, path:
     from ..plans import Action
 
     budget = "none" if plan.budget_bytes is None else (
-        f"{format_bytes(plan.budget_bytes)} ({100 * plan.budget_bytes / unconstrained_peak_bytes:.1f}% of "
-        f"{format_bytes(unconstrained_peak_bytes)})")
+        f"{format_bytes(plan.budget_bytes)} ({budget_share(plan.budget_bytes, unconstrained_peak_bytes)})")
     return [
         f"plan                {plan.policy} for {workload.name}, written to {path}",
         f"budget              {budget}",

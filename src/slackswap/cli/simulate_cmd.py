@@ -7,8 +7,8 @@ from ..plans import Plan
 from ..timeline import Timeline
 from ..units import format_bytes, format_seconds
 from .common import (
-    add_device_args, add_hardware_arg, add_workload_args, check_output_paths, device_lines, device_options,
-    gpu_memory_arg, load_hardware, load_workload, print_json,
+    add_device_args, add_hardware_arg, add_workload_args, budget_share, check_output_paths, device_lines,
+    device_options, gpu_memory_arg, load_hardware, load_workload, print_json,
 )
 
 
@@ -130,7 +130,7 @@ def node_lines(node: dict | None) -> list[str]:
 
 def summary_lines(t: Timeline, unconstrained_peak_bytes: int) -> list[str]:
     budget = "none (everything kept)" if t.budget_bytes is None else (
-        f"{format_bytes(t.budget_bytes)} ({100 * t.budget_bytes / unconstrained_peak_bytes:.1f}% of the unconstrained peak)"
+        f"{format_bytes(t.budget_bytes)} ({budget_share(t.budget_bytes, unconstrained_peak_bytes)})"
     )
     return [
         f"workload            {t.workload_name} on {t.hardware_name}, policy {t.policy}",
