@@ -25,6 +25,23 @@ def show(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def parse_json_text(text: Any, what: str) -> Any:
+    """Parse JSON text (str or bytes), turning every problem into one ValidationError."""
+    if not isinstance(text, (str, bytes, bytearray)):
+        raise ValidationError(f"{what} JSON must be text (str or bytes), got {type(text).__name__}: "
+                              f"for a dict use from_dict, for a file load")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValidationError(
+            f"{what} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}); fix it or export it again"
+        ) from None
+    except (ValueError, RecursionError) as exc:
+        # Nesting deeper than Python's recursion limit, an integer over its digit limit, bad UTF-8.
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc).split(";")[0]
+        raise ValidationError(f"{what} is not valid JSON for slackswap ({reason}); fix it or export it again") from None
+
+
 def read_json_file(path: str | os.PathLike, what: str) -> Any:
     """Load a JSON file, turning every I/O or syntax problem into one ValidationError."""
     try:
@@ -109,6 +126,62 @@ def _mode_for(target: Path) -> int:
         return 0o666 & ~umask
 
 
+def check_text(value: Any, where: str) -> str:
+    """``value`` if it is a non-empty string that can be written as UTF-8, else a ValidationError."""
+    if not is_text(value):
+        raise ValidationError(f"{where} must be a non-empty string, got {show(value)}")
+    return value
+
+
+def check_int(value: Any, where: str, *, minimum: int = 0) -> int:
+    """``value`` if it is an int (not a bool) between ``minimum`` and 2**53, else a ValidationError."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValidationError(f"{where} must be an integer, got {show(value)}")
+    if value < minimum:
+        raise ValidationError(f"{where} must be at least {minimum}, got {show(value)}")
+    if value > MAX_INT:
+        raise ValidationError(f"{where} must be at most {MAX_INT} (2**53), got {show(value)}")
+    return value
+
+
+def check_number(value: Any, where: str, *, positive: bool = False, at_most: float | None = None) -> float:
+    """``value`` if it is a finite int or float (not a bool), >= 0 (> 0 when ``positive``), else a ValidationError."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValidationError(f"{where} must be a number, got {show(value)}")
+    try:
+        finite = math.isfinite(value)
+    except OverflowError:  # an integer beyond the float range
+        finite = False
+    if not finite:
+        raise ValidationError(f"{where} must be finite, got {show(value)}")
+    if value < 0 or (positive and value == 0):
+        need = "positive" if positive else "zero or positive"
+        raise ValidationError(f"{where} must be {need}, got {show(value)}")
+    if at_most is not None and value > at_most:
+        raise ValidationError(f"{where} must be at most {at_most}, got {show(value)}")
+    return value
+
+
+def check_names(value: Any, where: str) -> tuple[str, ...]:
+    """``value`` if it is a tuple of non-empty strings, else a ValidationError."""
+    if not isinstance(value, tuple) or not all(is_text(v) for v in value):
+        raise ValidationError(f"{where} must be a tuple of non-empty strings, got {show(value)}")
+    return value
+
+
+def check_json(value: Any, where: str) -> None:
+    """A free-form field (meta, info) must be a dict of JSON values, or it could not be saved."""
+    if not isinstance(value, dict):
+        raise ValidationError(f"{where} must be a dict, got {type(value).__name__}")
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError, RecursionError) as exc:
+        reason = (str(exc).splitlines() or [type(exc).__name__])[0][:120]
+        raise ValidationError(
+            f"{where} must hold only JSON values (dict, list, str, number, bool, None): {reason}"
+        ) from None
+
+
 class Fields:
     """Reads fields out of one JSON object, with the object's path for messages."""
 
@@ -128,10 +201,7 @@ class Fields:
         return self.obj[key]
 
     def str(self, key: str, default: Any = _REQUIRED) -> str:
-        value = self._get(key, default)
-        if not is_text(value):
-            raise ValidationError(f"{self.where}.{key} must be a non-empty string, got {show(value)}")
-        return value
+        return check_text(self._get(key, default), f"{self.where}.{key}")
 
     def opt_str(self, key: str) -> str | None:
         value = self._get(key, None)
@@ -141,35 +211,14 @@ class Fields:
 
     def number(self, key: str, *, positive: bool = False, default: Any = _REQUIRED,
                at_most: float | None = None) -> float:
-        value = self._get(key, default)
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValidationError(f"{self.where}.{key} must be a number, got {show(value)}")
-        try:
-            finite = math.isfinite(value)
-        except OverflowError:  # an integer beyond the float range
-            finite = False
-        if not finite:
-            raise ValidationError(f"{self.where}.{key} must be finite, got {show(value)}")
-        if value < 0 or (positive and value == 0):
-            need = "positive" if positive else "zero or positive"
-            raise ValidationError(f"{self.where}.{key} must be {need}, got {show(value)}")
-        if at_most is not None and value > at_most:
-            raise ValidationError(f"{self.where}.{key} must be at most {at_most}, got {show(value)}")
-        return float(value)
+        return float(check_number(self._get(key, default), f"{self.where}.{key}", positive=positive, at_most=at_most))
 
     def int(self, key: str, *, positive: bool = False, default: Any = _REQUIRED, minimum: int | None = None) -> int:
         value = self._get(key, default)
-        if isinstance(value, bool) or not isinstance(value, int):
-            if isinstance(value, float) and math.isfinite(value) and value.is_integer():
-                value = int(value)
-            else:
-                raise ValidationError(f"{self.where}.{key} must be an integer, got {show(value)}")
+        if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+            value = int(value)  # JSON writers may give 3.0 for 3
         low = minimum if minimum is not None else (1 if positive else 0)
-        if value < low:
-            raise ValidationError(f"{self.where}.{key} must be at least {low}, got {show(value)}")
-        if value > MAX_INT:
-            raise ValidationError(f"{self.where}.{key} must be at most {MAX_INT} (2**53), got {show(value)}")
-        return value
+        return check_int(value, f"{self.where}.{key}", minimum=low)
 
     def str_list(self, key: str, default: Any = _REQUIRED) -> tuple[str, ...]:
         value = self._get(key, default)

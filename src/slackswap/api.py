@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import BudgetError
+from .errors import BudgetError, ValidationError
 from .hardware import DEFAULT_HARDWARE, Hardware, get_hardware
 from .plans import Plan
 from .timeline import Timeline
@@ -29,6 +29,9 @@ def _workload(workload: Workload | str, hardware: Hardware) -> Workload:
         from .profiler.build import timed_for
 
         return timed_for(workload, hardware)
+    if not isinstance(workload, str):
+        raise ValidationError(f"workload must be a slackswap.Workload or a built-in model name, got "
+                              f"{type(workload).__name__}: use Workload.load(path) for a file")
     from .workloads.models import build_model_workload
 
     return build_model_workload(workload, hardware)

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from ._fields import Fields, read_json_file, write_text_atomic
+from ._fields import Fields, check_int, check_names, check_text, read_json_file, show, write_text_atomic
 from .errors import UnknownNameError, ValidationError
 from .units import GB
 
@@ -53,11 +53,13 @@ class Hardware:
     """Pinned host memory the swaps of one GPU may use; None: unlimited (docs/memory.md, Host memory)."""
 
     def __post_init__(self) -> None:
-        if self.pinned_host_bytes is not None and (
-                isinstance(self.pinned_host_bytes, bool) or not isinstance(self.pinned_host_bytes, int)
-                or self.pinned_host_bytes <= 0):
-            raise ValidationError(
-                f"hardware.pinned_host_bytes must be a positive integer or absent, got {self.pinned_host_bytes!r}")
+        check_text(self.name, "hardware.name")
+        if not isinstance(self.description, str):
+            raise ValidationError(f"hardware.description must be a string, got {show(self.description)}")
+        check_names(self.sources, "hardware.sources")
+        check_int(self.hbm_capacity_bytes, "hardware.hbm_capacity_bytes", minimum=1)
+        if self.pinned_host_bytes is not None:
+            check_int(self.pinned_host_bytes, "hardware.pinned_host_bytes", minimum=1)
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if f.name in ("name", "description", "sources", "pinned_host_bytes") or (

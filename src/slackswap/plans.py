@@ -18,7 +18,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ._fields import Fields, read_json_file, write_text_atomic
+from ._fields import Fields, check_int, check_json, check_text, is_text, read_json_file, show, write_text_atomic
 from .errors import PlanMismatchError, ValidationError
 from .workload import Workload
 
@@ -122,6 +122,9 @@ class Plan:
     slackswap.plan makes from a profile and saved with them, so the plan applies to a model of the
     same signature in another process without ``workload=``. None for built-in workloads."""
 
+    def __post_init__(self) -> None:
+        _validate_plan(self)
+
     def count(self, action: Action) -> int:
         return sum(1 for a in self.actions.values() if a is action)
 
@@ -169,7 +172,7 @@ class Plan:
         budget = top.obj.get("budget_bytes")
         top.used.add("budget_bytes")
         if budget is not None:
-            budget = top.int("budget_bytes", positive=True)
+            budget = top.int("budget_bytes", positive=True)  # the constructor checks it again; this reads 3.0 as 3
         actions: dict[str, Action] = {}
         prefetch: dict[str, int] = {}
         for i, raw in enumerate(top.list("tensors")):
@@ -184,9 +187,9 @@ class Plan:
         groups_raw = top.dict("recompute_groups", default={})
         groups: dict[str, tuple[str, ...]] = {}
         for key, value in groups_raw.items():
-            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-                raise ValidationError(f"plan.recompute_groups[{key!r}] must be a list of op names")
-            groups[key] = tuple(value)
+            if not isinstance(value, list):
+                raise ValidationError(f"plan.recompute_groups[{show(key)}] must be a list of op names")
+            groups[key] = tuple(value)  # names checked by the constructor
         profile = None
         if "profile" in top.obj:
             top.used.add("profile")
@@ -210,3 +213,45 @@ class Plan:
     @classmethod
     def load(cls, path) -> "Plan":
         return cls.from_dict(read_json_file(path, "plan"))
+
+
+def _validate_plan(plan: Plan) -> None:
+    """The checks every Plan passes, built in code or loaded: what the loader reads back equal.
+    Actions given as strings ('swap') become Actions; anything else is a ValidationError."""
+    check_text(plan.workload_name, "plan.workload")
+    check_text(plan.workload_fingerprint, "plan.workload_fingerprint")
+    check_text(plan.policy, "plan.policy")
+    if plan.budget_bytes is not None:
+        check_int(plan.budget_bytes, "plan.budget_bytes", minimum=1)
+    for key in ("actions", "prefetch_step", "recompute_groups", "info"):
+        if not isinstance(getattr(plan, key), Mapping):
+            raise ValidationError(f"plan.{key} must be a dict, got {show(getattr(plan, key))}")
+    actions: dict[str, Action] = {}
+    for name, action in plan.actions.items():
+        check_text(name, "plan.actions key")
+        if not isinstance(action, Action):
+            if not isinstance(action, str):
+                raise ValidationError(f"plan.actions[{name!r}] must be an Action (keep, swap, recompute), got {show(action)}")
+            action = Action.parse(action, f"plan.actions[{name!r}]")
+        actions[name] = action
+    for name, step in plan.prefetch_step.items():
+        if name not in actions:
+            raise ValidationError(f"plan.prefetch_step names {show(name)}, which has no action: give it one or drop it")
+        check_int(step, f"plan.prefetch_step[{name!r}]")
+    groups: dict[str, tuple[str, ...]] = {}
+    for reader, group in plan.recompute_groups.items():
+        check_text(reader, "plan.recompute_groups key")
+        if not isinstance(group, (tuple, list)) or not all(is_text(op) for op in group):
+            raise ValidationError(f"plan.recompute_groups[{reader!r}] must be a tuple of op names, got {show(group)}")
+        groups[reader] = tuple(group)
+    check_json(dict(plan.info), "plan.info")
+    if not isinstance(plan.schedule, ExecutionSchedule):
+        raise ValidationError(f"plan.schedule must be an ExecutionSchedule, got {type(plan.schedule).__name__}")
+    if plan.profile is not None and not isinstance(plan.profile, Workload):
+        raise ValidationError(f"plan.profile must be a slackswap.Workload or None, got {type(plan.profile).__name__}")
+    # Normalised copies, so that a plan built with strings or lists equals the one it saves and loads.
+    object.__setattr__(plan, "actions", actions)
+    object.__setattr__(plan, "prefetch_step", dict(plan.prefetch_step))
+    object.__setattr__(plan, "recompute_groups", groups)
+    object.__setattr__(plan, "info", dict(plan.info))
+

@@ -274,6 +274,9 @@ def make_plan(
     unknown = set(actions) - set(full)
     if unknown:
         raise ValidationError(f"actions name tensors the workload does not save: {sorted(unknown)[:3]}")
+    for t in workload.saved_tensors:
+        if t.producer is None and full[t.name] is not Action.KEEP:
+            raise ValidationError(f"plan: {t.name!r} is a step input and can only be kept, not {full[t.name].value}")
     if prefetch_step is None:
         if hardware is not None:
             prefetch_step = prefetch_alap(workload, full, hardware)
@@ -289,6 +292,12 @@ def make_plan(
 
 def check_plan(workload: Workload, plan: Plan) -> None:
     """Raise PlanMismatchError or ValidationError unless ``plan`` can execute on ``workload``."""
+    if not isinstance(workload, Workload):
+        raise ValidationError(f"workload must be a slackswap.Workload, got {type(workload).__name__}: "
+                              "use Workload.load(path) or a built-in model name")
+    if not isinstance(plan, Plan):
+        raise ValidationError(f"plan must be a slackswap.Plan, got {type(plan).__name__}: "
+                              "use Plan.load(path), Plan.from_dict(data) or slackswap.plan(...)")
     if plan.workload_fingerprint != workload.fingerprint:
         raise PlanMismatchError(
             f"plan was made for workload {plan.workload_name!r} (fingerprint {plan.workload_fingerprint}), "

@@ -17,7 +17,10 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Mapping
 
-from ._fields import MAX_INT, Fields, read_json_file, show, write_text_atomic
+from ._fields import (
+    MAX_INT, Fields, check_int, check_json, check_names, check_text, parse_json_text, read_json_file, show,
+    write_text_atomic,
+)
 from .errors import ValidationError
 
 WORKLOAD_FORMAT = "slackswap.workload/1"
@@ -223,11 +226,7 @@ class Workload:
 
     @classmethod
     def from_json(cls, text: str) -> "Workload":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValidationError(f"workload is not valid JSON (line {exc.lineno}: {exc.msg})") from None
-        return cls.from_dict(data)
+        return cls.from_dict(parse_json_text(text, "workload"))
 
     @classmethod
     def load(cls, path) -> "Workload":
@@ -243,11 +242,22 @@ def _finite(value: float) -> bool:
 
 def _validate(w: Workload) -> None:
     """Check references, order (which rules out cycles) and numbers. One error, naming the field."""
+    check_text(w.name, "workload.name")
+    check_json(w.meta, "workload.meta")
+    for key, kind in (("ops", Op), ("tensors", Tensor)):
+        items = getattr(w, key)
+        if not isinstance(items, tuple) or not all(isinstance(x, kind) for x in items):
+            raise ValidationError(f"workload.{key} must be a tuple of slackswap.{kind.__name__}, got {show(items)}")
     if not w.ops:
         raise ValidationError("workload.ops is empty: a workload needs at least one op")
     op_pos: dict[str, int] = {}
     for i, op in enumerate(w.ops):
+        check_text(op.name, f"workload.ops[{i}].name")
         where = f"workload.ops[{i}] ({op.name!r})"
+        check_int(op.layer, f"{where}.layer", minimum=-1)
+        check_text(op.kind, f"{where}.kind")
+        check_names(op.inputs, f"{where}.inputs")
+        check_names(op.outputs, f"{where}.outputs")
         if op.name in op_pos:
             raise ValidationError(f"{where}: duplicate op name; op names must be unique")
         op_pos[op.name] = i
@@ -263,7 +273,11 @@ def _validate(w: Workload) -> None:
                 )
     tensors: dict[str, Tensor] = {}
     for i, t in enumerate(w.tensors):
+        check_text(t.name, f"workload.tensors[{i}].name")
         where = f"workload.tensors[{i}] ({t.name!r})"
+        if t.producer is not None:
+            check_text(t.producer, f"{where}.producer")
+        check_names(t.bwd_readers, f"{where}.bwd_readers")
         if t.name in tensors:
             raise ValidationError(f"{where}: duplicate tensor name; tensor names must be unique")
         tensors[t.name] = t
