@@ -1,4 +1,5 @@
-"""Runtime lifetime and repeated backward (issue 15, defects 1 and 2), on the CPU GPT-2 example.
+"""Runtime lifetime, repeated backward and misuse (issue 15, defects 1, 2 and 13), on the CPU GPT-2
+example.
 
 - A new ``slackswap.apply`` per step (the README's pattern) must not keep the older runtimes,
   their swap managers and host pools alive: after the steps and ``gc.collect()`` no weak
@@ -6,6 +7,9 @@
   swap plan.
 - ``loss.backward(retain_graph=True); loss.backward()`` under a plan gives the gradients of
   the same two backward passes without slackswap, bit for bit.
+- Misuse is named as what it is (RuntimeUsageError, or a ValidationError from ``profile``), not
+  as a plan mismatch: nested applies, a double backward, the model called twice in a step, a
+  loss_fn that runs ops before the model.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import slackswap  # noqa: E402
+from slackswap.errors import RuntimeUsageError, ValidationError  # noqa: E402
 from slackswap.examples import loss_fn, make_batch, make_example  # noqa: E402
 from slackswap.profiler import profile_model  # noqa: E402
 
@@ -75,3 +80,55 @@ def test_backward_twice_on_a_retained_graph_gives_the_plain_gradients(gpt2, poli
     assert runtime.stats.steps == 1
     for name, grad in expected.items():
         assert torch.equal(got[name], grad), name
+
+
+@pytest.mark.parametrize("inner_backend", ["replay", "checkpoint"])
+def test_nested_applies_are_refused_by_name(gpt2, inner_backend):
+    model, batch, workload = gpt2
+    plan = slackswap.plan(workload, budget=0.7, policy="full-recompute")
+    inner = slackswap.apply(model, plan, workload=workload, backend=inner_backend)
+    with slackswap.apply(model, plan, workload=workload):
+        with pytest.raises(RuntimeUsageError, match="nested applies"):
+            with inner:
+                pass
+    with inner:  # usable once the outer one is gone
+        loss_fn(model, batch).backward()
+
+
+def test_double_backward_is_refused_by_name(gpt2):
+    model, batch, workload = gpt2
+    plan = slackswap.plan(workload, budget=0.7, policy="full-recompute")
+    with pytest.raises(RuntimeUsageError, match="create_graph=True"):
+        with slackswap.apply(model, plan, workload=workload):
+            loss_fn(model, batch).backward(create_graph=True)
+    model.zero_grad(set_to_none=True)
+
+
+def test_a_second_model_call_in_one_step_is_refused_by_name():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    x = torch.randn(3, 8)
+    workload = profile_model(model, x, lambda m, b: m(b).pow(2).mean(), repeats=1, warmup=0)
+    plan = slackswap.plan(workload, budget=1.0, policy="ideal")
+    with pytest.raises(RuntimeUsageError, match="called again during its step"):
+        with slackswap.apply(model, plan, workload=workload):
+            (model(x) + model(x)).pow(2).mean().backward()
+
+
+def test_backward_of_an_earlier_forward_names_the_second_model_call(gpt2):
+    model, batch, workload = gpt2
+    plan = slackswap.plan(workload, budget=0.7, policy="full-recompute")
+    with pytest.raises(slackswap.errors.StaleStepError, match="calls the model twice"):
+        with slackswap.apply(model, plan, workload=workload):
+            (loss_fn(model, batch) + loss_fn(model, batch)).backward()
+    model.zero_grad(set_to_none=True)
+
+
+@pytest.mark.parametrize("bad_loss,message", [
+    (lambda m, b: m(b[0] + 0, b[1]), "before calling the model"),
+    (lambda m, b: m(*b) + m(*b), "called the model 2 times"),
+])
+def test_profile_refuses_a_loss_fn_the_runtime_could_not_follow(bad_loss, message):
+    model = make_example("gpt2")
+    with pytest.raises(ValidationError, match=message):
+        profile_model(model, make_batch(), bad_loss, repeats=1, warmup=0)

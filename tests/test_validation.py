@@ -196,3 +196,9 @@ def test_workload_fields_the_loader_would_refuse_are_refused_when_built(changes,
 def test_workload_from_json_refuses_what_is_not_json_text(text):
     with pytest.raises(ValidationError, match="workload"):
         Workload.from_json(text)
+
+
+def test_a_hardware_with_absurd_rates_is_named_as_the_problem():
+    slow = PRESETS["a100-80gb-pcie4"].replace(name="slow", peak_flops_per_s=1)
+    with pytest.raises(ValidationError, match="hardware 'slow' makes one op take .* rates are per second"):
+        slackswap.simulate("gpt2-xl", slow)

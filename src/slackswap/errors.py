@@ -56,6 +56,11 @@ class StaleStepError(SlackswapError):
     """Backward reached a saved tensor of a step the runtime has abandoned or replaced."""
 
 
+class RuntimeUsageError(SlackswapError):
+    """slackswap.apply used in a way the runtime cannot follow: nested applies, a double backward
+    (create_graph=True), the model called more than once in a step."""
+
+
 class RuntimeFallbackWarning(UserWarning):
     """The runtime could not run part of the plan as planned and did something safe instead."""
 

@@ -33,6 +33,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
+from ..errors import ValidationError
 from .fsdp import FsdpUnits, local_tensor
 
 # Ops selective checkpointing never shows its policy (torch/utils/checkpoint.py SAC_IGNORED_OPS);
@@ -198,6 +199,7 @@ class Tracer:
         self.direct_ops: dict[str, int] = {}
         self.paths = {id(m): name for name, m in model.named_modules()}
         self.fwd_times: list[float] = []
+        self.ops_before_model: list[str] = []
         self.running = threading.local()
         """``running.op``: the op whose autograd node runs now on this thread (set in backward)."""
 
@@ -209,6 +211,8 @@ class Tracer:
         path = path or "model"
         k = self.call_counts.get(path, 0)
         self.call_counts[path] = k + 1
+        if path == "model" and k == 0:
+            self.ops_before_model = [op.aten for op in self.ops]
         call = path if k == 0 else f"{path}@{k}"
         self.calls[call] = self.stack[-1] if self.stack else None
         self.call_args[call] = [self.ids.lookup(a) for a in args if isinstance(a, torch.Tensor)]
@@ -386,6 +390,28 @@ class CudaTimer:
         return float(value)
 
 
+def check_one_model_call(tracer: Tracer) -> None:
+    """The runtime starts a step at the model's forward and follows one call of it: refuse, at
+    profiling time, a loss_fn that the runtime could not follow."""
+    calls = tracer.call_counts.get("model", 0)
+    if calls == 0:
+        raise ValidationError(
+            "loss_fn never called the model itself (only its submodules, or nothing): the runtime starts each step "
+            "at the model's forward; call model(...) in loss_fn, or profile the submodule you call"
+        )
+    if calls > 1:
+        raise ValidationError(
+            f"loss_fn called the model {calls} times in one step: slackswap profiles and runs one model call per "
+            "step; call the model once (concatenate the inputs) or wrap the calls in one module and profile that"
+        )
+    if tracer.ops_before_model:
+        raise ValidationError(
+            f"loss_fn ran {len(tracer.ops_before_model)} tensor op(s) before calling the model (first: "
+            f"aten.{tracer.ops_before_model[0]}): the runtime starts each step at the model's forward, so do that "
+            "work in make_batch / your data pipeline or inside the model's forward"
+        )
+
+
 def run_traced(model, batch, loss_fn, *, timer) -> tuple[Trace, list[float], torch.Tensor]:
     """Run forward (traced) and backward (nodes timed). Returns the trace, the per-op
     forward times (seconds, or CUDA event pairs) and backward times."""
@@ -402,9 +428,8 @@ def run_traced(model, batch, loss_fn, *, timer) -> tuple[Trace, list[float], tor
         pre.remove()
         post.remove()
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.requires_grad:
-        from ..errors import ValidationError
-
         raise ValidationError("loss_fn(model, batch) must return a scalar tensor that requires grad")
+    check_one_model_call(tracer)
     # Time each op's autograd node (found in _resolve_previous_node) during backward.
     tracer._resolve_previous_node()
     bwd_marks: dict[int, list] = {}

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
-from ..errors import PlanMismatchError, UnsupportedModelError, ValidationError
+from ..errors import PlanMismatchError, RuntimeUsageError, UnsupportedModelError, ValidationError
 from ..plans import Plan
 from ..profiler.fsdp import FsdpUnits, local_tensor
 from ..schedule import check_plan
@@ -76,6 +78,38 @@ def check_same_plan_on_every_rank(plan: Plan) -> None:
         )
 
 
+_ACTIVE = threading.local()  # saved-tensor hooks and dispatch modes are per thread, so is the check
+
+
+def enter_runtime(runtime) -> None:
+    """Refuse a second runtime inside an active one: the inner hooks would see the outer step's tensors."""
+    if getattr(_ACTIVE, "runtime", None) is not None:
+        raise RuntimeUsageError(
+            "slackswap.apply is already active in this thread: nested applies are not supported (the inner "
+            "runtime would receive the outer model's saved tensors); leave the outer 'with' block first, or "
+            "profile and plan the outer model as one"
+        )
+    _ACTIVE.runtime = runtime
+
+
+def exit_runtime(runtime) -> None:
+    if getattr(_ACTIVE, "runtime", None) is runtime:
+        _ACTIVE.runtime = None
+
+
+def check_new_step(runtime) -> None:
+    """A model call while the step's forward is under way is a second call in one step."""
+    recorder = runtime.recorder
+    if 0 < recorder.i < recorder.n:
+        at = recorder.i
+        recorder.i = recorder.n
+        raise RuntimeUsageError(
+            f"the model was called again during its step (after forward op {at} of {recorder.n}): slackswap.apply "
+            "runs one model call per training step; call the model once in loss_fn (concatenate the inputs), or "
+            "wrap both calls in one module and profile that"
+        )
+
+
 def check_step_context(runtime) -> None:
     """At a step's start: refuse a CUDA graph capture; warn once per runtime object when the
     model is called through torch.compile, which then runs it eagerly (model_support.py)."""
@@ -114,6 +148,7 @@ class PlanRuntime:
     def __enter__(self) -> "PlanRuntime":
         if self._active:
             raise RuntimeError("this PlanRuntime is already active")
+        enter_runtime(self)
         self._active = True
         self.manager.fsdp.install()  # before _begin_step: FSDP gathers the root's parameters first
         self._pre = self.model.register_forward_pre_hook(self._begin_step)
@@ -131,6 +166,7 @@ class PlanRuntime:
         self._pre.remove()
         self.manager.fsdp.remove()
         self._active = False
+        exit_runtime(self)
         if exc[0] is not None:
             # The step failed: release the host pool and what the step holds (docs/runtime.md, Failures).
             self.manager.abandon_step()
@@ -140,6 +176,7 @@ class PlanRuntime:
     def _begin_step(self, module, args) -> None:
         if torch.is_grad_enabled():
             check_step_context(self)
+            check_new_step(self)
             self.manager.begin_step()
             self.recorder.begin_step()
 

@@ -29,7 +29,7 @@ from ..plans import Plan
 from ..schedule import backward_step_of
 from ..profiler.tracer import _IGNORED_OPS
 from ..workload import Workload
-from .apply import check_step_context, device_and_param_keys
+from .apply import check_new_step, check_step_context, device_and_param_keys, enter_runtime, exit_runtime
 from .checkpoint_map import CheckpointMap, Region, build_checkpoint_map
 from .replay import ForwardRecorder, RecordingMode
 from .swap import RuntimeStats, SwapManager
@@ -149,6 +149,7 @@ class CheckpointRuntime:
     def __enter__(self) -> "CheckpointRuntime":
         if self._active:
             raise RuntimeError("this CheckpointRuntime is already active")
+        enter_runtime(self)
         self._active = True
         by_path: dict[str, dict[int, Region]] = {}
         for region in self.checkpoint_map.regions:
@@ -179,6 +180,7 @@ class CheckpointRuntime:
             else:
                 del module.forward
         self._active = False
+        exit_runtime(self)
         if exc[0] is not None:
             # The step failed: release the host pool and what the step holds, as the replay backend does.
             self.manager.abandon_step()
@@ -186,6 +188,7 @@ class CheckpointRuntime:
     def _begin_step(self, module, args) -> None:
         if torch.is_grad_enabled():
             check_step_context(self)
+            check_new_step(self)
             self._calls.clear()
             self.manager.begin_step()
             self.recorder.begin_step()

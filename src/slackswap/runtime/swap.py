@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from ..errors import PlanMismatchError, RuntimeFallbackWarning, RuntimeMemoryError, StaleStepError
+from ..errors import PlanMismatchError, RuntimeFallbackWarning, RuntimeMemoryError, RuntimeUsageError, StaleStepError
 from ..memory.host import HOST_SLOT_ALIGN_BYTES
 from ..plans import Action, Plan
 from ..profiler.fsdp import FsdpUnits
@@ -234,6 +234,12 @@ class SwapManager:
         if storage.nbytes() == 0 or (t.device.type, t.device.index, storage.data_ptr()) in self.param_keys \
                 or self.fsdp.is_gathered(t):
             return t.detach()
+        if torch._C._current_autograd_node() is not None:
+            raise RuntimeUsageError(
+                "a backward pass saved tensors under slackswap.apply (backward(create_graph=True) or "
+                "torch.autograd.grad(..., create_graph=True)): the runtime does not run double backward; compute "
+                "higher-order gradients outside the 'with slackswap.apply' block"
+            )
         if self.pos >= len(self.expected):
             raise PlanMismatchError(
                 f"the model saved more tensors for backward than the profiled one ({len(self.expected)}): "
@@ -288,7 +294,8 @@ class SwapManager:
             raise StaleStepError(
                 f"slackswap runtime: backward reached saved tensor {state.name!r} ({state.action.value}) of a step "
                 "that was abandoned by an exception or replaced by a newer forward: run backward on the graph of "
-                "the latest forward only, and redo the forward after an error"
+                "the latest forward only (one model call per step: a loss_fn that calls the model twice is not "
+                "supported), and redo the forward after an error"
             )
         self.busy = True
         try:

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import ValidationError
 from ..hardware import Hardware
+from ..workload import MAX_OP_TIME_S
 
 GEMM = "gemm"
 ATTENTION = "attention"
@@ -48,10 +50,18 @@ def op_times_s(cost: OpCost, hardware: Hardware) -> tuple[float, float]:
     """(forward, backward) seconds of an op on ``hardware``."""
     rate = hardware.achieved_attention_flops_per_s if cost.compute == ATTENTION else hardware.achieved_gemm_flops_per_s
     bandwidth = hardware.achieved_hbm_bytes_per_s
-    return (
+    times = (
         roofline_time_s(cost.fwd_flops, cost.fwd_bytes, flops_per_s=rate, bytes_per_s=bandwidth),
         roofline_time_s(cost.bwd_flops, cost.bwd_bytes, flops_per_s=rate, bytes_per_s=bandwidth),
     )
+    if max(times) > MAX_OP_TIME_S:
+        # The hardware is the problem, not the model: say so before the workload check blames an op time.
+        raise ValidationError(
+            f"hardware {hardware.name!r} makes one op take {max(times):.3g} s (peak_flops_per_s "
+            f"{hardware.peak_flops_per_s:g}, hbm_bytes_per_s {hardware.hbm_bytes_per_s:g}): rates are per second, "
+            "e.g. 312e12 FLOP/s and 2039e9 B/s for an A100 80GB ('slackswap hardware' lists the presets)"
+        )
+    return times
 
 
 def gemm_cost(rows: int, inner: int, cols: int, dtype_bytes: int) -> OpCost:
