@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
-from pathlib import Path
 from typing import Any
 
-from .errors import OutputPathError, ValidationError
+from ._outputs import write_bytes_atomic, write_text_atomic  # noqa: F401 - re-exported for the savers
+from .errors import ValidationError
 
 _REQUIRED = object()  # sentinel: the field has no default
 
@@ -42,10 +41,23 @@ def parse_json_text(text: Any, what: str) -> Any:
         raise ValidationError(f"{what} is not valid JSON for slackswap ({reason}); fix it or export it again") from None
 
 
+MAX_INPUT_BYTES = 256 * 2**20
+"""Largest JSON file read: about 10x the largest workload a built-in model makes (llama-7b's 32 layers
+export to 184 KB, so the 4096-layer limit gives about 24 MB); a cap keeps /dev/zero or a wrong file
+from exhausting memory."""
+
+
 def read_json_file(path: str | os.PathLike, what: str) -> Any:
     """Load a JSON file, turning every I/O or syntax problem into one ValidationError."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_INPUT_BYTES + 1)
+        if len(data) > MAX_INPUT_BYTES:
+            raise ValidationError(
+                f"{what} file {str(path)!r} is larger than {MAX_INPUT_BYTES // 2**20} MiB: it is not a slackswap "
+                f"{what} file (check the path)"
+            )
+        text = data.decode("utf-8")
     except FileNotFoundError:
         raise ValidationError(f"{what} file {str(path)!r} does not exist: check the path") from None
     except (OSError, UnicodeDecodeError) as exc:
@@ -68,43 +80,6 @@ def read_json_file(path: str | os.PathLike, what: str) -> Any:
         ) from None
 
 
-def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write through a temporary file and rename, so a failure never leaves half a file."""
-    write_bytes_atomic(path, text.encode("utf-8"))
-
-
-def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to a temporary file beside ``path``, then rename it over ``path``.
-
-    A failure leaves no temporary file and leaves an existing ``path`` as it was; it is
-    raised as OutputPathError (one line, naming the path), never as a bare OSError.
-    """
-    target = Path(path)
-    directory = target.parent if str(target.parent) else Path(".")
-    tmp = None
-    try:
-        if target.is_dir():
-            raise IsADirectoryError(21, "Is a directory")
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
-        # mkstemp makes the file private (0600); give it the mode a plain open() would.
-        os.chmod(tmp, _mode_for(target))
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.replace(tmp, target)
-        tmp = None
-    except OSError as exc:
-        reason = exc.strerror or exc.__class__.__name__
-        raise OutputPathError(
-            f"cannot write {str(path)!r}: {reason}: give a file path in an existing, writable directory"
-        ) from None
-    finally:
-        if tmp is not None:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-
-
 def is_text(value: Any) -> bool:
     """A non-empty string that can be written out as UTF-8 (JSON allows lone surrogates such as "\\ud800")."""
     if not isinstance(value, str) or not value:
@@ -114,16 +89,6 @@ def is_text(value: Any) -> bool:
     except UnicodeEncodeError:
         return False
     return True
-
-
-def _mode_for(target: Path) -> int:
-    """An existing file keeps its permission bits; a new one gets 0666 less the umask."""
-    try:
-        return target.stat().st_mode & 0o7777
-    except OSError:
-        umask = os.umask(0o022)
-        os.umask(umask)
-        return 0o666 & ~umask
 
 
 def check_text(value: Any, where: str) -> str:

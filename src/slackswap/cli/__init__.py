@@ -12,6 +12,7 @@ import importlib
 import pkgutil
 import sys
 
+from .._outputs import outputs_together
 from ..errors import SlackswapError
 
 EXIT_BAD_INPUT = 2
@@ -38,10 +39,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    for stream in (sys.stdout, sys.stderr):
+        # A file name that is not valid in the terminal's encoding (bytes from a non-UTF-8 file
+        # system) is printed escaped rather than failing after the files are written.
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        with outputs_together():  # every file of the command, or none
+            return int(args.func(args) or 0)
     except SlackswapError as exc:
         print(f"slackswap: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .._outputs import output_target
 from ..errors import BudgetError, OutputPathError, ValidationError
 from ..hardware import DEFAULT_HARDWARE, Hardware, get_hardware
 from ..units import format_bytes, parse_size_bytes
@@ -152,21 +153,20 @@ def load_workload(args: argparse.Namespace, hardware: Hardware) -> Workload:
 
 def check_output_paths(*paths: str | None) -> None:
     """Fail before any work if an output file cannot be written: a missing or read-only
-    directory, a directory given as the file, or one file named for two outputs.
+    directory, a directory or a special file given as the file, a name too long, or one file
+    named for two outputs. Symlinks are written through (_outputs.py).
 
-    Writing itself goes through a temporary file and a rename (``_fields.write_text_atomic``),
-    so an existing file is replaced whole, and kept as it was if anything fails.
+    Writing itself goes through a temporary file and a rename, and a command's outputs are
+    renamed into place together when it succeeds (``_outputs.outputs_together``).
     """
     given = [p for p in paths if p]
     seen: set[str] = set()
     for path in given:
-        target = Path(path)
+        target = output_target(path)
         key = os.path.realpath(target)
         if key in seen:
             raise OutputPathError(f"{str(path)!r} is named for two outputs: give each output its own file")
         seen.add(key)
-        if target.is_dir():
-            raise OutputPathError(f"output {str(path)!r} is a directory: give a file path inside it")
         parent = target.parent if str(target.parent) else Path(".")
         if not parent.is_dir():
             raise OutputPathError(

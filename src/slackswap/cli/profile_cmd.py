@@ -7,6 +7,7 @@ FILE.py must define three functions (see docs/runtime.md):
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import sys
 from pathlib import Path
@@ -28,11 +29,30 @@ def register(subparsers) -> None:
     parser.add_argument("--out", required=True, metavar="FILE", help="workload JSON to write")
     parser.add_argument("--hardware", default=None, metavar="NAME|FILE",
                         help="project the measured times onto this hardware by roofline (default: keep measured times)")
-    parser.add_argument("--warmup", type=int, default=1, metavar="N", help="warm-up steps before measuring (default 1)")
-    parser.add_argument("--repeats", type=int, default=3, metavar="N", help="measured steps; times are medians (default 3)")
+    parser.add_argument("--warmup", type=steps_arg(0), default=1, metavar="N",
+                        help=f"warm-up steps before measuring, 0 to {MAX_STEPS} (default 1)")
+    parser.add_argument("--repeats", type=steps_arg(1), default=3, metavar="N",
+                        help=f"measured steps, 1 to {MAX_STEPS}; times are medians (default 3)")
     parser.add_argument("--json", action="store_true", help="print a JSON summary of the profile")
     parser.add_argument("--quiet", action="store_true", help="print nothing but errors (the workload is still written)")
     parser.set_defaults(func=run)
+
+
+MAX_STEPS = 1000
+"""Most warm-up or measured steps: medians settle within a few; beyond this a typo is likelier."""
+
+
+def steps_arg(minimum: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if not minimum <= value <= MAX_STEPS:
+            raise argparse.ArgumentTypeError(f"{value} is not between {minimum} and {MAX_STEPS}")
+        return value
+
+    return parse
 
 
 def load_user_file(path: str):
@@ -40,13 +60,13 @@ def load_user_file(path: str):
     source = Path(path)
     if not source.is_file():
         raise ValidationError(f"model file {path!r} does not exist: check the path")
+    if source.suffix != ".py":
+        raise ValidationError(f"model file {path!r} must be a Python file ending in .py: rename it")
     spec = importlib.util.spec_from_file_location(f"_slackswap_user_{source.stem}", source)
     module = importlib.util.module_from_spec(spec)
     sys.path.insert(0, str(source.parent.resolve()))
     try:
-        spec.loader.exec_module(module)
-    except Exception as exc:  # the user's code failed: one line naming it
-        raise ValidationError(f"importing {path!r} failed: {type(exc).__name__}: {exc}") from None
+        _call_user(path, "import", lambda: spec.loader.exec_module(module))
     finally:
         sys.path.pop(0)
     for name in REQUIRED:
@@ -64,6 +84,10 @@ def _call_user(path: str, what: str, fn):
         return fn()
     except SlackswapError:
         raise
+    except SystemExit as exc:  # sys.exit() in the user's code must not end slackswap silently
+        raise ValidationError(
+            f"{what} from {path!r} called sys.exit({exc.code!r}): the profile file must return, not exit"
+        ) from None
     except Exception as exc:
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise ValidationError(f"{what} from {path!r} failed: {type(exc).__name__}: {message}") from None

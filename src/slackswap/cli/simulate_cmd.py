@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .. import api
+from ..errors import BudgetError
 from ..plans import Plan
 from ..timeline import Timeline
 from ..units import format_bytes, format_seconds
@@ -60,8 +61,13 @@ def run(args) -> int:
         plan = Plan.load(args.plan)
         timeline = api.simulate(workload, hardware, plan, args.budget)
     elif args.policy in (None, "ideal"):
-        # No plan uses the budget, but a garbage budget is still an error.
-        plan, timeline = None, api.simulate(workload, hardware, budget=args.budget)
+        if args.budget is not None:
+            # The ideal step keeps everything: a budget would be accepted here and refused by 'plan'.
+            raise BudgetError(
+                f"--budget {args.budget!r} needs --policy or --plan: without them simulate runs the ideal step, which "
+                "keeps everything; add --policy slackswap (or another policy), or drop --budget"
+            )
+        plan, timeline = None, ideal
     else:
         budget = "0.5" if args.budget is None else args.budget
         plan = api.plan(workload, hardware, budget, args.policy)

@@ -186,6 +186,6 @@ def progress_reporter(
     try:
         yield report_text
     finally:
-        if width[0]:
-            stream.write("\n")
+        if width[0]:  # transient, like rich's bar: an error after it is then one line
+            stream.write("\r" + " " * width[0] + "\r")
             stream.flush()

@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from .._fields import write_text_atomic
+from .._outputs import make_output_directory, output_target, write_text_atomic
 from ..errors import MissingExtraError, OutputPathError, ValidationError
 from ..plans import Plan
 from ..timeline import Timeline
@@ -57,10 +57,7 @@ def write_report(
     """
     out = Path(directory)
     check_report_dir(out)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise OutputPathError(f"cannot create report directory {str(out)!r}: {exc.strerror or exc}") from None
+    make_output_directory(out)
     timelines = dict(timelines or {})
     workloads, plans = dict(workloads or {}), dict(plans or {})
     trace_files = {}
@@ -88,6 +85,7 @@ def check_report_dir(directory) -> None:
         raise OutputPathError(f"cannot create report directory {str(out)!r}: {str(existing)!r} is a file")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise OutputPathError(f"cannot create report directory {str(out)!r}: {str(existing)!r} is not writable")
+    output_target(out / "index.html")  # a directory or special file there would fail only at the end
 
 
 def slug(label: str) -> str:

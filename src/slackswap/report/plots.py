@@ -7,10 +7,12 @@ file's extension) and returns it. Figures are drawn by the Agg renderer.
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from ..errors import OutputPathError, ValidationError, require
+from .._outputs import write_bytes_atomic
+from ..errors import ValidationError, require
 from ..timeline import Timeline
 from ..units import GiB, KiB, MiB, format_bytes, format_seconds
 
@@ -48,11 +50,11 @@ def _check_suffix(path) -> None:
 
 
 def save_figure(figure, path) -> None:
+    """Render in memory, then write through a temporary file: a failed write never leaves part of a plot."""
     _check_suffix(path)
-    try:
-        figure.savefig(Path(path), dpi=150)
-    except OSError as exc:
-        raise OutputPathError(f"cannot write plot {str(path)!r}: {exc.strerror or exc}; check the path") from None
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format=Path(path).suffix.lower()[1:], dpi=150)
+    write_bytes_atomic(path, buffer.getvalue())
 
 
 def byte_unit(max_bytes: float) -> tuple[str, float]:
