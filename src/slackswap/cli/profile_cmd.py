@@ -47,7 +47,7 @@ def steps_arg(minimum: int):
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+            raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
         if not minimum <= value <= MAX_STEPS:
             raise argparse.ArgumentTypeError(f"{value} is not between {minimum} and {MAX_STEPS}")
         return value
