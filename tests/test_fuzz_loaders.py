@@ -412,15 +412,15 @@ def test_missing_file_and_directory(tmp_path, kind):
 
 def test_unreadable_file_names_the_problem(tmp_path, monkeypatch):
     """Permission bits do not stop root (CI containers), so the PermissionError is injected."""
-    import pathlib
+    from slackswap import _fields
 
     path = tmp_path / "w.json"
     chain(3).save(path)
 
-    def denied(self, *args, **kwargs):
-        raise PermissionError(13, "Permission denied", str(self))
+    def denied(file, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(file))
 
-    monkeypatch.setattr(pathlib.Path, "read_text", denied)
+    monkeypatch.setattr(_fields, "open", denied, raising=False)  # the loaders read through _fields
     with pytest.raises(SlackswapError) as info:
         Workload.load(path)
     assert_clean_error(info.value, "Permission denied")
