@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from .._outputs import write_bytes_atomic
-from ..errors import ValidationError, require
+from ..errors import OutputPathError, ValidationError, require
 from ..timeline import Timeline
 from ..units import GiB, KiB, MiB, format_bytes, format_seconds
 
@@ -54,7 +54,10 @@ def save_figure(figure, path) -> None:
     _check_suffix(path)
     buffer = io.BytesIO()
     figure.savefig(buffer, format=Path(path).suffix.lower()[1:], dpi=150)
-    write_bytes_atomic(path, buffer.getvalue())
+    try:
+        write_bytes_atomic(path, buffer.getvalue())
+    except OutputPathError as exc:
+        raise OutputPathError(str(exc).replace("cannot write ", "cannot write plot ", 1)) from None
 
 
 def byte_unit(max_bytes: float) -> tuple[str, float]:
