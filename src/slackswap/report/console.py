@@ -146,9 +146,12 @@ def _text_progress(iterable, total, description, stream):
             done += 1
             stream.write("\r" + text_bar(done, total, description))
             stream.flush()
-    finally:
-        stream.write("\n")
+    except BaseException:  # the loop stopped early (an error, or a break): erase the bar
+        stream.write("\r" + " " * len(text_bar(done, total, description)) + "\r")
         stream.flush()
+        raise
+    stream.write("\n")
+    stream.flush()
 
 
 @contextmanager
@@ -185,7 +188,11 @@ def progress_reporter(
 
     try:
         yield report_text
-    finally:
-        if width[0]:  # transient, like rich's bar: an error after it is then one line
+    except BaseException:
+        if width[0]:  # erased, so that the error printed next is the only line
             stream.write("\r" + " " * width[0] + "\r")
             stream.flush()
+        raise
+    if width[0]:
+        stream.write("\n")
+        stream.flush()
