@@ -6,13 +6,14 @@ backward, optimizer step) in each configuration:
 - ``plain``: no slackswap (the baseline for process memory);
 - each runtime backend (replay, checkpoint) with a plan that both swaps and recomputes, in two
   patterns: a new ``with slackswap.apply(model, plan):`` per step (the README's pattern) and one
-  runtime object entered every step.
+  runtime object entered every step;
+- the automatic mode (``slackswap.auto(...).step(batch)``) with batches of three sequence lengths
+  in turn, each profiled and planned once.
 
 Every ``--every`` steps (and after the first) it samples, after ``gc.collect()``: the process's
 resident memory (RSS, from /proc/self/statm), the host-pool bytes of every live swap manager, and
 how many swap managers and runtime objects are alive. Flat lines mean no leak: an older runtime
-that stays alive keeps its host pool (pinned memory on a GPU) with it. The automatic mode for
-changing shapes is not soaked here: it does not exist yet in this version.
+that stays alive keeps its host pool (pinned memory on a GPU) with it.
 
     .venv/bin/python benchmarks/soak.py [--steps 1000] [--every 50] [--threads 1] [--results FILE]
 """
@@ -27,12 +28,14 @@ import os
 import platform
 import sys
 import time
+import warnings
 
 import torch
 
 import slackswap
 from slackswap import Action, make_plan
-from slackswap.examples import loss_fn, make_batch, make_example
+from slackswap.errors import ProfileNoiseWarning
+from slackswap.examples import ExampleConfig, loss_fn, make_batch, make_example
 from slackswap.profiler import profile_model
 from slackswap.runtime import runtime_prefetch_steps
 from slackswap.runtime.apply import PlanRuntime
@@ -41,6 +44,7 @@ from slackswap.runtime.swap import SwapManager
 
 HARDWARE = slackswap.get_hardware("a100-80gb-pcie4")
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+AUTO_SEQ_LENS = (8, 12, 16)
 MiB = 2**20
 
 
@@ -98,15 +102,14 @@ def block_plan(workload):
     return dataclasses.replace(plan, budget_bytes=peak)
 
 
-def soak(model, batch, steps: int, every: int, runtime_for) -> list[tuple[int, int, int, int, int]]:
-    """Run ``steps`` steps; ``runtime_for(step)`` gives the context of each. Returns samples
+def soak(model, steps: int, every: int, run_step) -> list[tuple[int, int, int, int, int]]:
+    """Run ``steps`` SGD steps; ``run_step(k)`` runs step k's forward and backward. Returns samples
     (step, rss bytes, managers, runtimes, pool bytes)."""
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     samples = []
     for k in range(1, steps + 1):
         opt.zero_grad(set_to_none=True)
-        with runtime_for(k):
-            loss_fn(model, batch).backward()
+        run_step(k)
         opt.step()
         if k == 1 or k % every == 0:
             managers, runtimes, pool = live_objects()
@@ -122,30 +125,45 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", help="also write the markdown tables to this file")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    warnings.simplefilter("ignore", ProfileNoiseWarning)  # the shared machine is busy; times do not matter here
     torch.manual_seed(0)
 
     model, batch = make_example("gpt2"), make_batch()
     workload = profile_model(model, batch, loss_fn, repeats=1, hardware=HARDWARE)
     plans = {"replay": mixed_plan(workload), "checkpoint": block_plan(workload)}
 
+    def under(context_for):
+        def run_step(k):
+            with context_for(k):
+                loss_fn(model, batch).backward()
+        return run_step
+
     def new_apply_per_step(backend):
-        return lambda: lambda k: slackswap.apply(model, plans[backend], workload=workload, backend=backend)
+        return lambda: under(lambda k: slackswap.apply(model, plans[backend], workload=workload, backend=backend))
 
     def one_runtime(backend):
         def start():
             runtime = slackswap.apply(model, plans[backend], workload=workload, backend=backend)
-            return lambda k: runtime
+            return under(lambda k: runtime)
         return start
 
+    def automatic():
+        # Three sequence lengths in turn: each is profiled and planned once, then runs under a new
+        # runtime per step (slackswap.auto's pattern).
+        auto = slackswap.auto(model, loss_fn, hardware=HARDWARE, budget=0.5, policy="slackswap")
+        shapes = [make_batch(ExampleConfig(seq_len=n)) for n in AUTO_SEQ_LENS]
+        return lambda k: auto.step(shapes[k % len(shapes)])
+
     # Each configuration's runtimes are made when it starts and dropped when it ends.
-    configs = {"plain": lambda: lambda k: contextlib.nullcontext()}
+    configs = {"plain": lambda: under(lambda k: contextlib.nullcontext())}
     for backend in plans:
         configs[f"{backend}, new apply per step"] = new_apply_per_step(backend)
         configs[f"{backend}, one runtime reused"] = one_runtime(backend)
+    configs[f"auto, {len(AUTO_SEQ_LENS)} batch shapes"] = automatic
     results, seconds = {}, {}
     for name, start in configs.items():
         began = time.perf_counter()
-        results[name] = soak(model, batch, args.steps, args.every, start())
+        results[name] = soak(model, args.steps, args.every, start())
         seconds[name] = time.perf_counter() - began
         print(f"{name}: {args.steps} steps in {seconds[name]:.1f} s", file=sys.stderr)
 
@@ -180,6 +198,8 @@ def render(args, workload, plans, results, seconds) -> str:
         f"({', '.join(count(plans['replay'], a) for a in Action)}); checkpoint backend: what a block makes and "
         "only it reads recomputed, what crosses blocks swapped, the rest kept "
         f"({', '.join(count(plans['checkpoint'], a) for a in Action)}).",
+        f"Automatic mode: `slackswap.auto(model, loss_fn, budget=0.5, policy='slackswap')`, batches of sequence "
+        f"lengths {', '.join(map(str, AUTO_SEQ_LENS))} in turn.",
         "On CPU the host pool is ordinary CPU memory (on a GPU it would be pinned); it is allocated on the first",
         "swap of a runtime and kept by it, so a runtime that stays alive keeps its pool.",
         "",
