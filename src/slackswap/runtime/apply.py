@@ -25,7 +25,8 @@ def checked_workload(model: torch.nn.Module, plan: Plan, workload: Workload | No
 
     if workload is None:
         workload = workload_for(model)
-        if (workload is None or workload.fingerprint != plan.workload_fingerprint) and plan.profile is not None:
+        if (workload is None or workload.fingerprint != getattr(plan, "workload_fingerprint", None)) \
+                and getattr(plan, "profile", None) is not None:
             workload = plan.profile  # the profile the plan carries (saved in its file)
         if workload is None:
             raise PlanMismatchError(
