@@ -60,6 +60,18 @@ def is_forward_op_node(node: fx.Node) -> bool:
     return node.op == "call_function" and not is_backward_node(node)
 
 
+def tag_untagged_backward(graph: fx.Graph) -> None:
+    """Tag ``is_backward`` the nodes a backend's joint-graph passes added without a partitioner tag
+    (inductor's pattern rewrites do) when they compute from backward values or feed only backward nodes."""
+    untagged = [n for n in graph.nodes if n.op == "call_function" and "partitioner_tag" not in n.meta]
+    for node in untagged:
+        if any(is_backward_node(a) for a in node.all_input_nodes):
+            node.meta["partitioner_tag"] = "is_backward"
+    for node in reversed(untagged):
+        if "partitioner_tag" not in node.meta and node.users and all(is_backward_node(u) for u in node.users):
+            node.meta["partitioner_tag"] = "is_backward"
+
+
 def _fake_storage(value: Any):
     if isinstance(value, torch.Tensor):
         return StorageWeakRef(value.untyped_storage())
@@ -98,6 +110,7 @@ def build_graph_workload(joint: fx.GraphModule, static_input_indices, hardware: 
                          name: str) -> GraphWorkload:
     """The Workload of ``joint`` (AOTAutograd's joint graph) with roofline times on ``hardware``."""
     graph = joint.graph
+    tag_untagged_backward(graph)
     static = set(static_input_indices or ())
     storage_name: dict[Any, str] = {}      # fake storage -> workload tensor name
     storage_of_node: dict[str, str] = {}
