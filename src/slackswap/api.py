@@ -74,6 +74,10 @@ def plan(
     return result
 
 
+_plan_fn = plan
+"""``plan``, for functions whose own ``plan`` argument hides it."""
+
+
 def simulate(
     workload: Workload | str,
     hardware: Hardware | str = DEFAULT_HARDWARE,
@@ -142,8 +146,8 @@ def auto(model: Any, loss_fn: Any, *, hardware: Hardware | str = DEFAULT_HARDWAR
     require("torch", "torch", "running a plan on a PyTorch model")
     from .runtime.auto import AutoRuntime
 
-    return AutoRuntime(model, loss_fn, hardware=hardware, budget=budget, policy=policy, cache_dir=cache_dir,
-                       **options)
+    return AutoRuntime(model, loss_fn, plan_fn=plan, hardware=hardware, budget=budget, policy=policy,
+                       cache_dir=cache_dir, **options)
 
 
 def model_states(
@@ -277,4 +281,4 @@ def compile(model: Any, batch: Any = None, loss_fn: Any = None, *, hardware: Har
     from .compiled.compile import compile_with_plan
 
     return compile_with_plan(model, batch, loss_fn, hardware=hardware, budget=budget, policy=policy, plan=plan,
-                             backend=backend, **compile_kwargs)
+                             backend=backend, plan_fn=_plan_fn, **compile_kwargs)

@@ -22,6 +22,7 @@ from ._fields import (
     write_text_atomic,
 )
 from .errors import ValidationError
+from .profile_trace import trace_fingerprint_part
 
 WORKLOAD_FORMAT = "slackswap.workload/1"
 MAX_OP_TIME_S = 1e6
@@ -160,12 +161,16 @@ class Workload:
 
     @cached_property
     def fingerprint(self) -> str:
-        """Hash of the workload's structure, sizes and FLOPs, not its times; plans record it to
-        detect mismatches. Without the times, one plan fits every profile of one model and batch:
-        each rank's, and the same profile projected onto another GPU by the roofline."""
+        """Hash of the workload's structure, sizes and FLOPs, not its times, and of the profiler's
+        trace when it has one (the order the runtime sees saves in); plans record it to detect
+        mismatches. Without the times, one plan fits every profile of one model and batch: each
+        rank's, and the same profile projected onto another GPU by the roofline."""
         data = self.to_dict(include_meta=False)
         for op in data["ops"]:
             del op["fwd_time_s"], op["bwd_time_s"]
+        trace = trace_fingerprint_part(self.meta)
+        if trace:
+            data["trace"] = trace
         payload = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -40,8 +40,9 @@ class CompiledPlans:
 def compile_with_plan(model: torch.nn.Module, batch: Any = None, loss_fn: Any = None, *,
                       hardware: Hardware | str, budget: float | int | str = 0.5, policy: str = "slackswap",
                       plan: Plan | Sequence[Plan] | None = None, backend: str = "inductor",
-                      **compile_kwargs: Any) -> torch.nn.Module:
-    from ..api import plan as plan_fn
+                      plan_fn: Callable[..., Plan], **compile_kwargs: Any) -> torch.nn.Module:
+    # plan_fn is slackswap.plan, passed in by slackswap.compile so that this module does not
+    # import the API that imports it.
     from ..hardware import get_hardware
 
     hw = get_hardware(hardware)

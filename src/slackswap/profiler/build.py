@@ -7,6 +7,7 @@ import statistics
 from typing import Any, Sequence
 
 from ..hardware import Hardware
+from ..profile_trace import CallEntered, ProfileTrace, TensorSaved
 from ..workload import Op, Tensor, Workload
 
 _GEMM = {"mm", "addmm", "bmm", "baddbmm", "matmul", "_scaled_mm", "convolution", "_convolution"}
@@ -85,19 +86,23 @@ def build_workload(trace, fwd_times_s: Sequence[float], bwd_times_s: Sequence[fl
             tensors.append(Tensor(name=o, size_bytes=trace.storage_nbytes[o], producer=op.name,
                                   bwd_readers=tuple(ops[i].name for i in sorted(readers.get(o, [])))))
     meta = dict(meta)
-    meta["calls"] = dict(trace.calls)
-    meta["call_args"] = {k: list(v) for k, v in trace.call_args.items()}
-    meta["op_calls"] = [op.call for op in ops]
+    meta.update(profile_trace(trace).to_meta())
     meta["op_saves"] = [[op.input_saves, op.output_saves] for op in ops]
-    meta["save_trace"] = [_event_row(e, trace, ops) for e in trace.events]
     return Workload(name=name, ops=tuple(wl_ops), tensors=tuple(tensors), meta=meta)
 
 
-def _event_row(event, trace, ops) -> list:
-    if event[0] == "enter":
-        return ["enter", event[1]]
-    s = trace.saves[event[1]]
-    return ["save", s.storage, ops[s.reader].name, s.call, "out" if s.is_output else "in"]
+def profile_trace(trace) -> ProfileTrace:
+    """The tracer's record in the form the runtime reads (slackswap.profile_trace)."""
+    ops = trace.ops
+    events = []
+    for kind, value in trace.events:
+        if kind == "enter":
+            events.append(CallEntered(value))
+        else:
+            s = trace.saves[value]
+            events.append(TensorSaved(s.storage, ops[s.reader].name, s.call, s.is_output))
+    return ProfileTrace(calls=dict(trace.calls), call_args={k: tuple(v) for k, v in trace.call_args.items()},
+                        op_calls=tuple(op.call for op in ops), events=tuple(events))
 
 
 def median_times(runs: Sequence[Sequence[float]]) -> list[float]:

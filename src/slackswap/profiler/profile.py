@@ -151,8 +151,6 @@ def profile_model(
         "times": "measured, median over repeats",
         "warmup": warmup,
         "repeats": repeats,
-        # In-place writes make new tensor versions (tracer.py); the runtime refuses older profiles.
-        "storage_versions": 1,
     }
     trainable = [(call_layer(name), p.numel()) for name, p in model.named_parameters() if p.requires_grad]
     if trainable:

@@ -34,11 +34,18 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
 from ..errors import ValidationError
+from ..profile_trace import LOSS_CALL, ROOT_CALL, call_name, op_name, output_name, version_name
 from .fsdp import FsdpUnits, local_tensor
 
 # Ops selective checkpointing never shows its policy (torch/utils/checkpoint.py SAC_IGNORED_OPS);
-# the tracer skips them too so that op positions inside a module call agree with the runtime.
-_IGNORED_OPS = {torch.ops.aten.detach.default, torch.ops.prim.device.default}
+# the tracer skips them too, and so do the runtime's recorders, so that op positions agree.
+IGNORED_OPS = frozenset({torch.ops.aten.detach.default, torch.ops.prim.device.default})
+
+
+def storage_key(t: torch.Tensor) -> tuple:
+    """What identifies a tensor's storage while it is alive: device and address. The profiler
+    and the runtime name tensors by it, and tell parameters and buffers apart by it."""
+    return (t.device.type, t.device.index, t.untyped_storage().data_ptr())
 
 
 @dataclass
@@ -106,20 +113,16 @@ class _StorageIds:
         self.keep: list[Any] = []
         self.frozen: set[tuple] = set()
         for tensor in list(model.parameters()) + list(model.buffers()):
-            self.frozen.add(self.key(local_tensor(tensor)))
+            self.frozen.add(storage_key(local_tensor(tensor)))
         self.fsdp = fsdp
         self.step_inputs: list[str] = []
-
-    @staticmethod
-    def key(t: torch.Tensor) -> tuple:
-        return (t.device.type, t.device.index, t.untyped_storage().data_ptr())
 
     def lookup(self, t: torch.Tensor) -> str | None:
         """Name of ``t``'s storage; None for parameters, buffers and empty tensors. An unseen
         storage that is not a parameter is a step input."""
         if self.is_parameter(t):
             return None
-        key = self.key(t)
+        key = storage_key(t)
         name = self.names.get(key)
         if name is None:
             name = f"input{len(self.step_inputs)}"
@@ -129,7 +132,7 @@ class _StorageIds:
 
     def is_parameter(self, t: torch.Tensor) -> bool:
         """Empty, a parameter or buffer, or a parameter FSDP gathered for this step."""
-        return t.untyped_storage().nbytes() == 0 or self.key(t) in self.frozen or self.fsdp.is_gathered(t)
+        return t.untyped_storage().nbytes() == 0 or storage_key(t) in self.frozen or self.fsdp.is_gathered(t)
 
     def _add(self, key: tuple, name: str, t: torch.Tensor) -> None:
         self.names[key] = name
@@ -159,16 +162,6 @@ def written_tensors(func, args, kwargs) -> list[torch.Tensor]:
     return written
 
 
-def version_name(op_name: str, k: int) -> str:
-    """Name of the version of a storage that the k-th written argument of an op makes."""
-    return f"{op_name}:w{k}"
-
-
-def output_name(op_name: str, i: int) -> str:
-    """Name of a new storage an op creates as its i-th tensor output."""
-    return f"{op_name}:{i}"
-
-
 class _Recorder(TorchDispatchMode):
     def __init__(self, tracer: "Tracer") -> None:
         super().__init__()
@@ -176,7 +169,7 @@ class _Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in _IGNORED_OPS or self.tracer.fsdp.inside:
+        if func in IGNORED_OPS or self.tracer.fsdp.inside:
             return func(*args, **kwargs)
         return self.tracer.on_op(func, args, kwargs)
 
@@ -208,12 +201,12 @@ class Tracer:
         path = self.paths.get(id(module))
         if path is None:
             return
-        path = path or "model"
+        path = path or ROOT_CALL
         k = self.call_counts.get(path, 0)
         self.call_counts[path] = k + 1
-        if path == "model" and k == 0:
+        if path == ROOT_CALL and k == 0:
             self.ops_before_model = [op.aten for op in self.ops]
-        call = path if k == 0 else f"{path}@{k}"
+        call = call_name(path, k)
         self.calls[call] = self.stack[-1] if self.stack else None
         self.call_args[call] = [self.ids.lookup(a) for a in args if isinstance(a, torch.Tensor)]
         self.stack.append(call)
@@ -224,7 +217,7 @@ class Tracer:
             self.stack.pop()
 
     def current_call(self) -> str:
-        return self.stack[-1] if self.stack else "loss_fn"
+        return self.stack[-1] if self.stack else LOSS_CALL
 
     # ---- ops --------------------------------------------------------------------------------
     def _resolve_previous_node(self) -> None:
@@ -252,7 +245,7 @@ class Tracer:
         self.direct_ops[call] = j + 1
         aten = str(func.overloadpacket.__name__) if hasattr(func, "overloadpacket") else str(func)
         index = len(self.ops)
-        op_name = f"{call}/{aten}#{j}"
+        name_of_op = op_name(call, aten, j)
         outputs, touched = [], []
         for k, t in enumerate(written_tensors(func, args, kwargs)):
             # A write makes a new version of an activation storage (parameters and buffers stay out).
@@ -260,17 +253,17 @@ class Tracer:
                 continue
             if self.ids.lookup(t) is None:
                 continue
-            name = version_name(op_name, k)
-            self.ids.rename(self.ids.key(t), name, t)
+            name = version_name(name_of_op, k)
+            self.ids.rename(storage_key(t), name, t)
             outputs.append(name)
             touched.append(name)
         for i, t in enumerate(out_tensors):
             if self.ids.is_parameter(t):
                 continue
-            key = self.ids.key(t)
+            key = storage_key(t)
             name = self.ids.names.get(key)
             if name is None:
-                name = output_name(op_name, i)
+                name = output_name(name_of_op, i)
                 self.ids._add(key, name, t)
                 outputs.append(name)
             if name not in touched:
@@ -282,7 +275,7 @@ class Tracer:
         is_view = bool(getattr(func, "is_view", False))
         moved = 0 if is_view else sum(t.nbytes for t in in_tensors) + sum(t.nbytes for t in out_tensors)
         self.ops.append(OpRecord(
-            index=index, name=op_name, func=func, aten=aten, call=call, inputs=inputs, outputs=outputs, touched=touched,
+            index=index, name=name_of_op, func=func, aten=aten, call=call, inputs=inputs, outputs=outputs, touched=touched,
             flops=flops, bytes_accessed=float(moved), is_view=is_view, out_refs=out_tensors,
         ))
         self.fwd_times.append(elapsed)
@@ -393,7 +386,7 @@ class CudaTimer:
 def check_one_model_call(tracer: Tracer) -> None:
     """The runtime starts a step at the model's forward and follows one call of it: refuse, at
     profiling time, a loss_fn that the runtime could not follow."""
-    calls = tracer.call_counts.get("model", 0)
+    calls = tracer.call_counts.get(ROOT_CALL, 0)
     if calls == 0:
         raise ValidationError(
             "loss_fn never called the model itself (only its submodules, or nothing): the runtime starts each step "

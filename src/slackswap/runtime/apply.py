@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import threading
-
 import torch
 
-from ..errors import PlanMismatchError, RuntimeUsageError, UnsupportedModelError, ValidationError
+from ..errors import PlanMismatchError, UnsupportedModelError, ValidationError
 from ..plans import Plan
-from ..profiler.fsdp import FsdpUnits, local_tensor
+from ..profiler.fsdp import FsdpUnits
+from ..profiler.model_support import unwrap_model
 from ..schedule import check_plan
-from ..profiler.model_support import called_from_compiled_code, check_not_capturing, unwrap_model, \
-    warn_compiled_runs_eagerly
 from ..workload import Workload
-from .mapping import ExecutionMap, build_execution_map
-from .replay import ForwardRecorder, RecordingMode
-from .swap import RuntimeStats, SwapManager
+from .base import RuntimeBase
+from .checkpoint_backend import CheckpointRuntime
+from .mapping import build_execution_map
+from .swap import SwapManager
 
 
 def checked_workload(model: torch.nn.Module, plan: Plan, workload: Workload | None) -> Workload:
@@ -47,13 +45,6 @@ def checked_workload(model: torch.nn.Module, plan: Plan, workload: Workload | No
     return workload
 
 
-def device_and_param_keys(model: torch.nn.Module) -> tuple[torch.device, set]:
-    """The model's device, and the storages of its parameters and buffers, which are never activations."""
-    params = [local_tensor(p) for p in list(model.parameters()) + list(model.buffers())]
-    device = params[0].device if params else torch.device("cpu")
-    return device, {(p.device.type, p.device.index, p.untyped_storage().data_ptr()) for p in params}
-
-
 def check_same_plan_on_every_rank(plan: Plan) -> None:
     """Refuse, on every rank, a plan that differs between ranks of an FSDP2 model.
 
@@ -79,112 +70,24 @@ def check_same_plan_on_every_rank(plan: Plan) -> None:
         )
 
 
-_ACTIVE = threading.local()  # saved-tensor hooks and dispatch modes are per thread, so is the check
-
-
-def enter_runtime(runtime) -> None:
-    """Refuse a second runtime inside an active one: the inner hooks would see the outer step's tensors."""
-    if getattr(_ACTIVE, "runtime", None) is not None:
-        raise RuntimeUsageError(
-            "slackswap.apply is already active in this thread: nested applies are not supported (the inner "
-            "runtime would receive the outer model's saved tensors); leave the outer 'with' block first, or "
-            "profile and plan the outer model as one"
-        )
-    _ACTIVE.runtime = runtime
-
-
-def exit_runtime(runtime) -> None:
-    if getattr(_ACTIVE, "runtime", None) is runtime:
-        _ACTIVE.runtime = None
-
-
-def check_new_step(runtime) -> None:
-    """A model call while the step's forward is under way is a second call in one step."""
-    recorder = runtime.recorder
-    if 0 < recorder.i < recorder.n:
-        at = recorder.i
-        recorder.i = recorder.n
-        raise RuntimeUsageError(
-            f"the model was called again during its step (after forward op {at} of {recorder.n}): slackswap.apply "
-            "runs one model call per training step; call the model once in loss_fn (concatenate the inputs), or "
-            "wrap both calls in one module and profile that"
-        )
-
-
-def check_step_context(runtime) -> None:
-    """At a step's start: refuse a CUDA graph capture; warn once per runtime object when the
-    model is called through torch.compile, which then runs it eagerly (model_support.py)."""
-    check_not_capturing("slackswap.apply")
-    if not runtime._warned_compiled and called_from_compiled_code():
-        runtime._warned_compiled = True
-        warn_compiled_runs_eagerly("slackswap.apply")
-
-
-class PlanRuntime:
-    """Context manager returned by :func:`apply_plan`. ``stats`` has the manager's counters,
-    ``execution`` the ExecutionMap (what runs for each planned action)."""
+class PlanRuntime(RuntimeBase):
+    """Context manager returned by :func:`apply_plan` for the replay backend."""
 
     def __init__(self, model: torch.nn.Module, plan: Plan, workload: Workload | None = None) -> None:
         model = unwrap_model(model, "slackswap.apply")
         workload = checked_workload(model, plan, workload)
-        self.model = model
-        self.plan = plan
-        self.workload = workload
-        self.execution: ExecutionMap = build_execution_map(workload, plan)
-        device, keys = device_and_param_keys(model)
-        self.manager = SwapManager(workload, plan, self.execution, device)
-        self.manager.param_keys = keys
+        execution = build_execution_map(workload, plan)
+        super().__init__(model, plan, workload, execution,
+                         lambda device: SwapManager(workload, plan, execution, device))
         self.manager.fsdp = FsdpUnits(model)
         if self.manager.fsdp:
             check_same_plan_on_every_rank(plan)
-        self.recorder = ForwardRecorder(workload, self.execution, self.manager, keys)
-        self._active = False
-        self._warned_compiled = False
 
-    @property
-    def stats(self) -> RuntimeStats:
-        return self.manager.stats
+    def _install(self) -> None:
+        self.manager.fsdp.install()  # before the step's pre-hook: FSDP gathers the root's parameters first
 
-    # ---- install / remove --------------------------------------------------------------------
-    def __enter__(self) -> "PlanRuntime":
-        if self._active:
-            raise RuntimeError("this PlanRuntime is already active")
-        enter_runtime(self)
-        self._active = True
-        self.manager.fsdp.install()  # before _begin_step: FSDP gathers the root's parameters first
-        self._pre = self.model.register_forward_pre_hook(self._begin_step)
-        self._post = self.model.register_forward_hook(self._end_model_forward)
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(self.manager.pack, self.manager.unpack)
-        self._hooks.__enter__()
-        self._mode = RecordingMode(self.recorder)
-        self._mode.__enter__()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._mode.__exit__(*exc)
-        self._hooks.__exit__(*exc)
-        self._post.remove()
-        self._pre.remove()
+    def _uninstall(self) -> None:
         self.manager.fsdp.remove()
-        self._active = False
-        exit_runtime(self)
-        if exc[0] is not None:
-            # The step failed: release the host pool and what the step holds (docs/runtime.md, Failures).
-            self.manager.abandon_step()
-            self.recorder.begin_step()
-            self.recorder.i = self.recorder.n
-
-    def _begin_step(self, module, args) -> None:
-        if torch.is_grad_enabled():
-            check_step_context(self)
-            check_new_step(self)
-            self.manager.begin_step()
-            self.recorder.begin_step()
-
-    def _end_model_forward(self, module, args, output) -> None:
-        # The model's last op has its autograd node by now: hook it (ops after the model, in
-        # loss_fn, are hooked when the next op starts).
-        self.recorder.resolve_pending()
 
 
 BACKENDS = ("replay", "checkpoint")
@@ -213,8 +116,6 @@ def apply_plan(model: torch.nn.Module, plan: Plan, workload: Workload | None = N
             raise ValidationError('hardware= is used by backend="checkpoint" only: drop it for the replay backend')
         return PlanRuntime(model, plan, workload)
     if backend == "checkpoint":
-        from .checkpoint_backend import CheckpointRuntime
-
         if FsdpUnits(model):
             raise UnsupportedModelError(
                 'slackswap.apply: backend="checkpoint" does not follow FSDP2 (fully_shard) models yet: '

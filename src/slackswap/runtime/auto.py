@@ -79,12 +79,16 @@ class AutoRuntime:
     """Plans per input signature; see the module docstring. ``stats`` counts what it did."""
 
     def __init__(self, model: torch.nn.Module, loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor], *,
-                 hardware=None, budget: float | int | str = 0.5, policy: str = "slackswap",
-                 cache_dir: str | os.PathLike | None = None, warmup: int = 1, repeats: int = 3) -> None:
+                 plan_fn: Callable[..., Plan], hardware=None, budget: float | int | str = 0.5,
+                 policy: str = "slackswap", cache_dir: str | os.PathLike | None = None, warmup: int = 1,
+                 repeats: int = 3) -> None:
+        """``plan_fn`` is slackswap.plan (passed in by slackswap.auto, so that this module does not
+        import the API that imports it)."""
         if not isinstance(model, torch.nn.Module):
             raise ValidationError(f"auto needs a torch.nn.Module, got {type(model).__name__}")
         self.model = model
         self.loss_fn = loss_fn
+        self.plan_fn = plan_fn
         self.hardware = get_hardware(hardware if hardware is not None else DEFAULT_HARDWARE)
         parse_budget(budget, _ANY_PEAK_BYTES)  # a malformed budget fails here, not at the first step
         self.budget = budget
@@ -145,7 +149,6 @@ class AutoRuntime:
 
     def _plan(self, workload: Workload) -> Plan:
         """The policy's plan; a byte budget above this shape's unconstrained peak keeps everything."""
-        from ..api import plan as make_plan
         from ..sim import simulate_ideal
 
         peak = simulate_ideal(workload, self.hardware).peak_memory_bytes
@@ -155,7 +158,7 @@ class AutoRuntime:
             if parse_budget(self.budget, _ANY_PEAK_BYTES) <= peak:
                 raise
             budget = peak  # a smaller shape than the budget was chosen for: everything fits
-        return make_plan(workload, self.hardware, budget, self.policy)
+        return self.plan_fn(workload, self.hardware, budget, self.policy)
 
     def entries(self, batch: Any) -> tuple[str, list[_Entry]]:
         """The key of ``batch`` and its known variants (read from ``cache_dir`` the first time)."""

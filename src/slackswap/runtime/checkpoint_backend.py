@@ -26,13 +26,14 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 from ..errors import CheckpointBackendError, PlanMismatchError
 from ..hardware import DEFAULT_HARDWARE, get_hardware
 from ..plans import Plan
+from ..profile_trace import ModuleCall
+from ..profiler.tracer import IGNORED_OPS
 from ..schedule import backward_step_of
-from ..profiler.tracer import _IGNORED_OPS
 from ..workload import Workload
-from .apply import check_new_step, check_step_context, device_and_param_keys, enter_runtime, exit_runtime
+from .base import RuntimeBase
 from .checkpoint_map import CheckpointMap, Region, build_checkpoint_map
 from .replay import ForwardRecorder, RecordingMode
-from .swap import RuntimeStats, SwapManager
+from .swap import SwapManager
 
 
 class _SuspendableRecording(RecordingMode):
@@ -56,7 +57,7 @@ class _RegionPolicy:
         self.i = 0
 
     def __call__(self, ctx, func, *args, **kwargs) -> CheckpointPolicy:
-        if func in _IGNORED_OPS:  # the profile does not count them: recomputing costs nothing
+        if func in IGNORED_OPS:  # the profile does not count them: recomputing costs nothing
             return CheckpointPolicy.PREFER_RECOMPUTE
         r = self.region
         aten = getattr(func, "overloadpacket", func).__name__
@@ -79,15 +80,14 @@ class CheckpointSwapManager(SwapManager):
         packed = {e.name for e in cmap.execution.pack_sequence}
         self.region_cached = {r.call: tuple(t for t in r.cached if t not in packed) for r in cmap.regions}
         self.triggers = {backward_step_of(self.n, r.trigger): r for r in cmap.regions}
-        self.region_held: dict[str, int] = {}
-        """Saved tensors checkpoint holds now -> backward step after which they are released."""
 
     def _begin(self) -> None:
         super()._begin()
-        self.region_held = {}
+        self.region_held: dict[str, int] = {}
+        """Saved tensors checkpoint holds now -> backward step after which they are released."""
 
     def begin_step(self) -> None:
-        for name in list(getattr(self, "region_held", {})):
+        for name in self.region_held:
             self.stats.device_saved_bytes -= self.size[name]
         self.region_held = {}
         super().begin_step()
@@ -123,78 +123,46 @@ class CheckpointSwapManager(SwapManager):
             super().begin_backward_step(k)
 
 
-class CheckpointRuntime:
+class CheckpointRuntime(RuntimeBase):
     """Context manager returned by ``apply_plan(..., backend="checkpoint")``; same surface as PlanRuntime."""
 
     def __init__(self, model: torch.nn.Module, plan: Plan, workload: Workload, hardware=None) -> None:
         hw = get_hardware(hardware if hardware is not None else DEFAULT_HARDWARE)
-        self.model = model
-        self.plan = plan
-        self.workload = workload
         self.checkpoint_map = build_checkpoint_map(workload, plan, hw)
         if not self.checkpoint_map.faithful:
             raise CheckpointBackendError(self.checkpoint_map.refusal())
-        self.execution = self.checkpoint_map.execution
-        device, keys = device_and_param_keys(model)
-        self.manager = CheckpointSwapManager(workload, self.checkpoint_map, device)
-        self.manager.param_keys = keys
-        self.recorder = ForwardRecorder(workload, self.execution, self.manager, keys)
-        self._active = False
-        self._warned_compiled = False
+        cmap = self.checkpoint_map
+        super().__init__(model, plan, workload, cmap.execution,
+                         lambda device: CheckpointSwapManager(workload, cmap, device))
+        self._calls: dict[str, int] = {}
+        self._wrapped: list = []
 
-    @property
-    def stats(self) -> RuntimeStats:
-        return self.manager.stats
+    def _recording_mode(self) -> RecordingMode:
+        return _SuspendableRecording(self.recorder)
 
-    def __enter__(self) -> "CheckpointRuntime":
-        if self._active:
-            raise RuntimeError("this CheckpointRuntime is already active")
-        enter_runtime(self)
-        self._active = True
+    def _install(self) -> None:
+        """Wrap the forward of each module with a region, for the step."""
         by_path: dict[str, dict[int, Region]] = {}
         for region in self.checkpoint_map.regions:
-            path, _, k = region.call.partition("@")
-            by_path.setdefault("" if path == "model" else path, {})[int(k or 0)] = region
-        self._calls: dict[str, int] = {}
+            call = ModuleCall.parse(region.call)
+            by_path.setdefault(call.path, {})[call.count] = region
+        self._calls.clear()
         self._wrapped = []
-        self._mode = _SuspendableRecording(self.recorder)
         for path, regions in by_path.items():
             module = self.model.get_submodule(path) if path else self.model
             self._wrapped.append((module, "forward" in module.__dict__, module.__dict__.get("forward")))
             module.forward = self._wrap(module.forward, path, regions)
-        self._pre = self.model.register_forward_pre_hook(self._begin_step)
-        self._post = self.model.register_forward_hook(self._end_model_forward)
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(self.manager.pack, self.manager.unpack)
-        self._hooks.__enter__()
-        self._mode.__enter__()
-        return self
 
-    def __exit__(self, *exc) -> None:
-        self._mode.__exit__(*exc)
-        self._hooks.__exit__(*exc)
-        self._post.remove()
-        self._pre.remove()
+    def _uninstall(self) -> None:
         for module, had, previous in self._wrapped:
             if had:
                 module.forward = previous
             else:
                 del module.forward
-        self._active = False
-        exit_runtime(self)
-        if exc[0] is not None:
-            # The step failed: release the host pool and what the step holds, as the replay backend does.
-            self.manager.abandon_step()
+        self._wrapped = []
 
-    def _begin_step(self, module, args) -> None:
-        if torch.is_grad_enabled():
-            check_step_context(self)
-            check_new_step(self)
-            self._calls.clear()
-            self.manager.begin_step()
-            self.recorder.begin_step()
-
-    def _end_model_forward(self, module, args, output) -> None:
-        self.recorder.resolve_pending()
+    def _on_step(self) -> None:
+        self._calls.clear()
 
     def _wrap(self, forward, path: str, regions: dict[int, Region]):
         calls, recorder, mode, manager = self._calls, self.recorder, self._mode, self.manager

@@ -27,13 +27,16 @@ trigger steps). ``faithful`` is True when there is none; the backend refuses oth
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Mapping
 
 from ..plans import Action, Plan
+from ..profile_trace import LOSS_CALL, CallEntered, ProfileTrace, TensorSaved, aten_of, tensor_source
 from ..schedule import backward_step_of, rescheduled
+from ..sim import simulate
 from ..workload import Workload
-from .mapping import LOSS_CALL, RANDOM_OPS, ExecutionMap, PackEntry, _meta, aten_name
+from .mapping import RANDOM_OPS, ExecutionMap, PackEntry, build_execution_map, profile_trace
 
 
 @dataclass(frozen=True)
@@ -89,79 +92,70 @@ def _chain(calls: Mapping[str, str | None], call: str) -> list[str]:
     return out
 
 
-def build_checkpoint_map(workload: Workload, plan: Plan, hardware=None) -> CheckpointMap:
-    from ..sim import simulate
-    from .mapping import build_execution_map
+class _Builder:
+    """The steps of build_checkpoint_map, sharing the workload, the plan, the trace and the notes."""
 
-    base = build_execution_map(workload, plan)  # checks the profile format
-    calls: dict[str, str | None] = dict(_meta(workload, "calls"))
-    call_args: dict[str, list] = _meta(workload, "call_args")
-    op_calls: list[str] = list(_meta(workload, "op_calls"))
-    trace: list[list] = _meta(workload, "save_trace")
-    ops = workload.ops
-    n = len(ops)
-    index = workload.op_index
-    by_name = workload.tensor_by_name
-    actions = plan.actions
-    notes: list[str] = list(base.notes)
-    chains = {c: _chain(calls, c) for c in set(op_calls)}
+    def __init__(self, workload: Workload, plan: Plan, trace: ProfileTrace, notes: list[str]) -> None:
+        self.workload = workload
+        self.plan = plan
+        self.trace = trace
+        self.notes = notes
+        self.ops = workload.ops
+        self.index = workload.op_index
+        self.by_name = workload.tensor_by_name
+        self.actions = plan.actions
+        self.chains = {c: _chain(trace.calls, c) for c in set(trace.op_calls)}
+        self.realized: dict[str, Action] = {}
+        """What happens to each saved tensor as checkpoint runs it."""
 
-    # ---- regions: the call that holds each group, its ops and readers ---------------------------
-    candidates: list[str] = []
-    group_ops: set[int] = set()
-    for reader, group in plan.recompute_groups.items():
-        members = {index[g] for g in group} | {index[reader]}
-        for g in group:
-            for out in ops[index[g]].outputs:
-                t = by_name[out]
-                if t.is_saved and actions.get(out) is Action.RECOMPUTE:
-                    members |= {index[r] for r in t.bwd_readers}
-        shared = None
-        for i in sorted(members):
-            c = chains[op_calls[i]]
-            shared = list(c) if shared is None else [x for x in shared if x in c]
-        if not shared:
-            notes.append(f"the recompute group before {reader!r} reaches ops outside the model's module calls "
-                         "(loss_fn), which checkpoint cannot wrap")
-            continue
-        group_ops |= {index[g] for g in group}
-        candidates.append(shared[0])
-    region_calls = sorted({c for c in candidates if not any(a in candidates for a in _chain(calls, c)[1:])},
-                          key=lambda c: min(i for i, oc in enumerate(op_calls) if c in chains[oc]))
-    region_of_call = {oc: next((c for c in chains[oc] if c in region_calls), None) for oc in chains}
-    region_of_op = [region_of_call[oc] for oc in op_calls]
+    # ---- step 1: the calls to checkpoint ---------------------------------------------------------
+    def region_calls(self) -> tuple[list[str], set[int]]:
+        """The outermost of the innermost calls that hold each recompute group (its ops, the op whose
+        backward needs it and every backward reader of what it rebuilds), in forward order; and the
+        op indices of the groups placed."""
+        ops, index, trace = self.ops, self.index, self.trace
+        candidates: list[str] = []
+        group_ops: set[int] = set()
+        for reader, group in self.plan.recompute_groups.items():
+            members = {index[g] for g in group} | {index[reader]}
+            for g in group:
+                for out in ops[index[g]].outputs:
+                    t = self.by_name[out]
+                    if t.is_saved and self.actions.get(out) is Action.RECOMPUTE:
+                        members |= {index[r] for r in t.bwd_readers}
+            shared = None
+            for i in sorted(members):
+                c = self.chains[trace.op_calls[i]]
+                shared = list(c) if shared is None else [x for x in shared if x in c]
+            if not shared:
+                self.notes.append(f"the recompute group before {reader!r} reaches ops outside the model's module "
+                                  "calls (loss_fn), which checkpoint cannot wrap")
+                continue
+            group_ops |= {index[g] for g in group}
+            candidates.append(shared[0])
+        calls = sorted({c for c in candidates if not any(a in candidates for a in _chain(trace.calls, c)[1:])},
+                       key=lambda c: min(i for i, oc in enumerate(trace.op_calls) if c in self.chains[oc]))
+        return calls, group_ops
 
-    save_rows: dict[str, list[list]] = {c: [] for c in region_calls}
-    for row in trace:
-        if row[0] == "save" and row[3] in region_of_call and region_of_call[row[3]] is not None:
-            save_rows[region_of_call[row[3]]].append(row)
-
-    regions: list[Region] = []
-    realized: dict[str, Action] = {}
-    for call in region_calls:
-        members = [i for i, r in enumerate(region_of_op) if r == call]
-        rows = save_rows[call]
-        if not rows:
-            continue
-        last = rows[-1]
-        stop = index[last[2]] if last[4] == "out" else index[last[2]] - 1  # last op that re-runs
-        trigger = max(index[row[2]] for row in rows)
+    # ---- step 2: what each region re-runs and caches -----------------------------------------------
+    def region(self, call: str, members: list[int], saves: list[TensorSaved], group_ops: set[int]) -> Region:
+        """The SAC policy of one region: which of its ops re-run, what SAC caches, what it rebuilds."""
+        ops, index, by_name, n = self.ops, self.index, self.by_name, len(self.ops)
+        last = saves[-1]
+        stop = index[last.reader] if last.is_output else index[last.reader] - 1  # last op that re-runs
+        trigger = max(index[save.reader] for save in saves)
         # A tensor some later op writes into (a new version of its storage): SAC refuses a cached entry
         # that was mutated, so its producer must re-run.
-        overwritten = {inp for i in range(members[0], n) for out in ops[i].outputs
-                       if out.rsplit(":", 1)[-1].startswith("w")
+        overwritten = {inp for i in range(members[0], n) for out in ops[i].outputs if tensor_source(out).written
                        for inp in ops[i].inputs if by_name[inp].size_bytes == by_name[out].size_bytes}
-        recompute: list[bool] = []
-        for i in members:
-            op = ops[i]
-            rerun = (
-                i in group_ops or i > stop or op.kind == "view" or not op.outputs
-                or any(o in overwritten for o in op.outputs)
-            )
-            recompute.append(rerun)
+        recompute = [
+            i in group_ops or i > stop or ops[i].kind == "view" or not ops[i].outputs
+            or any(o in overwritten for o in ops[i].outputs)
+            for i in members
+        ]
         # Random ops re-draw from the RNG state saved at the region's start: every random op in front of a
         # re-run one must run again too.
-        random = [aten_name(ops[i].name) in RANDOM_OPS for i in members]
+        random = [aten_of(ops[i].name) in RANDOM_OPS for i in members]
         rerun_random = [j for j, i in enumerate(members) if recompute[j] and i <= stop and random[j]]
         if rerun_random:
             for j in range(len(members)):
@@ -178,101 +172,151 @@ def build_checkpoint_map(workload: Workload, plan: Plan, hardware=None) -> Check
                         cached.append(out)
                     else:
                         transient += t.size_bytes
-                saved_inside = any(index[r] in inside for r in t.bwd_readers)
-                if t.is_saved and saved_inside:
-                    realized[out] = Action.RECOMPUTE if recompute[j] else Action.KEEP
+                if t.is_saved and any(index[r] in inside for r in t.bwd_readers):
+                    self.realized[out] = Action.RECOMPUTE if recompute[j] else Action.KEEP
                     if recompute[j]:
                         rebuilt.append(out)
-                    if actions[out] is Action.SWAP:
-                        notes.append(f"{out!r} is planned swap but is saved inside module call {call!r}, where "
-                                     "selective checkpointing keeps or recomputes it out of reach of the swap hooks")
+                    if self.actions[out] is Action.SWAP:
+                        self.notes.append(f"{out!r} is planned swap but is saved inside module call {call!r}, where "
+                                          "selective checkpointing keeps or recomputes it out of reach of the swap hooks")
         extra = [i for i in rerun if i not in group_ops and ops[i].kind != "view" and ops[i].outputs]
         if extra:
-            notes.append(f"checkpointing {call!r} would re-run {len(extra)} op(s) the plan does not "
-                         f"(first: {ops[extra[0]].name!r})")
+            self.notes.append(f"checkpointing {call!r} would re-run {len(extra)} op(s) the plan does not "
+                              f"(first: {ops[extra[0]].name!r})")
         # Tensors made outside the region that ops inside it save: positional arguments go through our hooks.
-        args = {a for a in call_args.get(call, []) if a is not None}
-        for row in rows:
-            name = row[1]
-            if name is None or name in realized or (by_name[name].producer is not None
-                                                     and index[by_name[name].producer] in inside):
+        args = {a for a in self.trace.call_args.get(call, ()) if a is not None}
+        for save in saves:
+            name = save.tensor
+            if name is None or name in self.realized or (by_name[name].producer is not None
+                                                         and index[by_name[name].producer] in inside):
                 continue
-            if name not in args and actions[name] is not Action.KEEP:
-                notes.append(f"{name!r} is used inside {call!r} but is not a positional argument of it, so "
-                             f"checkpoint holds it on the device instead of {actions[name].value}")
-        regions.append(Region(call=call, ops=tuple(members), recompute=tuple(recompute),
-                              aten=tuple(aten_name(ops[i].name) for i in members), rerun=rerun, trigger=trigger,
-                              cached=tuple(cached), rebuilt=tuple(rebuilt), cached_transient_bytes=transient))
+            if name not in args and self.actions[name] is not Action.KEEP:
+                self.notes.append(f"{name!r} is used inside {call!r} but is not a positional argument of it, so "
+                                  f"checkpoint holds it on the device instead of {self.actions[name].value}")
+        return Region(call=call, ops=tuple(members), recompute=tuple(recompute),
+                      aten=tuple(aten_of(ops[i].name) for i in members), rerun=rerun, trigger=trigger,
+                      cached=tuple(cached), rebuilt=tuple(rebuilt), cached_transient_bytes=transient)
 
-    by_call = {r.call: r for r in regions}
-    saved_names = {t.name for t in workload.saved_tensors}
-    sequence: list[PackEntry] = []
-    extra_held = 0
-    arg_step: dict[str, int] = {}
-    for row in trace:
-        if row[0] == "enter":
-            region = by_call.get(row[1])
-            if region is None:
+    def regions(self) -> tuple[list[Region], dict[str, str | None]]:
+        """Every region, and the region (call) each module call runs inside (None: outside all)."""
+        calls, group_ops = self.region_calls()
+        op_calls = self.trace.op_calls
+        region_of_call = {oc: next((c for c in self.chains[oc] if c in calls), None) for oc in self.chains}
+        saves_in: dict[str, list[TensorSaved]] = {c: [] for c in calls}
+        for save in self.trace.saves:
+            region = region_of_call.get(save.call)
+            if region is not None:
+                saves_in[region].append(save)
+        regions = []
+        for call in calls:
+            members = [i for i, oc in enumerate(op_calls) if region_of_call[oc] == call]
+            if saves_in[call]:
+                regions.append(self.region(call, members, saves_in[call], group_ops))
+        return regions, region_of_call
+
+    # ---- step 3: what the swap manager sees -------------------------------------------------------
+    def pack_sequence(self, regions: list[Region], region_of_call: dict[str, str | None]):
+        """The saves that reach our hooks, in order (region arguments, saves outside regions); the bytes
+        checkpoint holds for arguments that are no saved tensor; and, for each swapped region argument,
+        the step by which its copy back must be issued (its region's trigger)."""
+        by_call = {r.call: r for r in regions}
+        saved_names = {t.name for t in self.workload.saved_tensors}
+        by_name, n = self.by_name, len(self.ops)
+        sequence: list[PackEntry] = []
+        extra_held = 0
+        arg_step: dict[str, int] = {}
+        for event in self.trace.events:
+            if isinstance(event, CallEntered):
+                region = by_call.get(event.call)
+                if region is None:
+                    continue
+                for name in self.trace.call_args.get(event.call, ()):
+                    if name is None:
+                        continue
+                    if name not in saved_names:
+                        extra_held += by_name[name].size_bytes if by_name[name].producer is not None else 0
+                        sequence.append(PackEntry(name, Action.KEEP, region.trigger))
+                        continue
+                    action = self.actions[name]
+                    if action is Action.RECOMPUTE:
+                        self.notes.append(f"{name!r}, an argument of checkpointed call {event.call!r}, is planned "
+                                          "recompute outside that call")
+                        action = Action.KEEP
+                    sequence.append(PackEntry(name, action, region.trigger))
+                    if action is Action.SWAP:
+                        arg_step[name] = min(arg_step.get(name, n), backward_step_of(n, region.trigger))
                 continue
-            for name in call_args.get(row[1], []):
-                if name is None:
-                    continue
-                if name not in saved_names:
-                    extra_held += by_name[name].size_bytes if by_name[name].producer is not None else 0
-                    sequence.append(PackEntry(name, Action.KEEP, region.trigger))
-                    continue
-                action = actions[name]
-                if action is Action.RECOMPUTE:
-                    notes.append(f"{name!r}, an argument of checkpointed call {row[1]!r}, is planned recompute "
-                                 "outside that call")
-                    action = Action.KEEP
-                sequence.append(PackEntry(name, action, region.trigger))
-                if action is Action.SWAP:
-                    arg_step[name] = min(arg_step.get(name, n), backward_step_of(n, region.trigger))
-            continue
-        name, reader, call = row[1], row[2], row[3]
-        if name is None or region_of_call.get(call) in by_call:
-            continue
-        action = actions[name]
-        if action is Action.RECOMPUTE:
-            notes.append(f"{name!r} is planned recompute but {reader!r}, outside every checkpointed call, saves it")
-        sequence.append(PackEntry(name, action, index[reader]))
-        realized.setdefault(name, action)
-    for e in sequence:
-        realized.setdefault(e.name, e.action)
-    for t in workload.saved_tensors:
-        realized.setdefault(t.name, Action.KEEP)
+            if event.tensor is None or region_of_call.get(event.call) in by_call:
+                continue
+            action = self.actions[event.tensor]
+            if action is Action.RECOMPUTE:
+                self.notes.append(f"{event.tensor!r} is planned recompute but {event.reader!r}, outside every "
+                                  "checkpointed call, saves it")
+            sequence.append(PackEntry(event.tensor, action, self.index[event.reader]))
+            self.realized.setdefault(event.tensor, action)
+        for e in sequence:
+            self.realized.setdefault(e.name, e.action)
+        for t in self.workload.saved_tensors:
+            self.realized.setdefault(t.name, Action.KEEP)
+        return sequence, extra_held, arg_step
 
-    plan_flops = base.plan_recompute_flops
-    runtime_flops = sum(ops[i].flops for r in regions for i in r.rerun)
-    if plan_flops != runtime_flops:
-        notes.append(f"it would re-run {runtime_flops:.0f} FLOPs against the plan's {plan_flops:.0f} "
-                     "(a region recomputes each op once, at its first unpack)")
-    changed = [name for name in actions if name in saved_names and realized[name] is not actions[name]]
-    if changed:
-        notes.append(f"{len(changed)} tensor(s) would run with another action (first: {changed[0]!r} planned "
-                     f"{actions[changed[0]].value}, runs {realized[changed[0]].value})")
+    # ---- step 4: how it differs from the plan ---------------------------------------------------------
+    def compare(self, regions: list[Region], plan_flops: float) -> float:
+        """Note other FLOPs or other actions than the plan's; returns the FLOPs checkpoint re-runs."""
+        runtime_flops = sum(self.ops[i].flops for r in regions for i in r.rerun)
+        if plan_flops != runtime_flops:
+            self.notes.append(f"it would re-run {runtime_flops:.0f} FLOPs against the plan's {plan_flops:.0f} "
+                              "(a region recomputes each op once, at its first unpack)")
+        saved_names = {t.name for t in self.workload.saved_tensors}
+        changed = [name for name in self.actions if name in saved_names and self.realized[name] is not self.actions[name]]
+        if changed:
+            self.notes.append(f"{len(changed)} tensor(s) would run with another action (first: {changed[0]!r} "
+                              f"planned {self.actions[changed[0]].value}, runs {self.realized[changed[0]].value})")
+        return runtime_flops
 
-    # ---- the schedule as checkpoint runs it, and its memory -------------------------------------
-    prefetch = dict(plan.prefetch_step)
-    starts = plan.schedule.start_steps()
-    for name, step in arg_step.items():
-        prefetch[name] = min(prefetch[name], step)
-        starts[name] = min(starts[name], step)
-    manager_plan = rescheduled(workload, plan, recompute_groups={}, prefetch_step=prefetch, start_step=starts)
-    groups = {ops[r.trigger].name: tuple(ops[i].name for i in r.rerun) for r in regions if r.rerun}
-    simulated_plan = rescheduled(workload, plan, recompute_groups=groups, prefetch_step=prefetch)
+    # ---- step 5: the schedule as checkpoint runs it ------------------------------------------------
+    def plans(self, regions: list[Region], arg_step: dict[str, int]) -> tuple[Plan, Plan]:
+        """The plan as the manager runs it (no replayed groups; swapped region arguments fetched by their
+        region's trigger) and as the simulator runs it (each region's re-run ops one group at its trigger)."""
+        workload, plan, ops = self.workload, self.plan, self.ops
+        prefetch = dict(plan.prefetch_step)
+        starts = plan.schedule.start_steps()
+        for name, step in arg_step.items():
+            prefetch[name] = min(prefetch[name], step)
+            starts[name] = min(starts[name], step)
+        manager_plan = rescheduled(workload, plan, recompute_groups={}, prefetch_step=prefetch, start_step=starts)
+        groups = {ops[r.trigger].name: tuple(ops[i].name for i in r.rerun) for r in regions if r.rerun}
+        simulated_plan = rescheduled(workload, plan, recompute_groups=groups, prefetch_step=prefetch)
+        return manager_plan, simulated_plan
+
+    # ---- step 6: its memory ----------------------------------------------------------------------
+    def predicted_peak_bytes(self, hardware, simulated_plan: Plan, regions: list[Region], extra_held: int) -> int:
+        timeline = simulate(self.workload, hardware, simulated_plan, budget_bytes=math.inf, check=False)
+        predicted = timeline.peak_memory_bytes + extra_held + sum(r.cached_transient_bytes for r in regions)
+        budget = self.plan.budget_bytes
+        if budget is not None and predicted > budget:
+            self.notes.append(f"rebuilding each checkpointed call at its first unpack would hold {predicted} bytes "
+                              f"of saved tensors against the plan's budget of {budget} bytes")
+        return predicted
+
+
+def build_checkpoint_map(workload: Workload, plan: Plan, hardware=None) -> CheckpointMap:
+    base = build_execution_map(workload, plan)  # checks the profile format
+    notes: list[str] = list(base.notes)
+    steps = _Builder(workload, plan, profile_trace(workload), notes)
+    regions, region_of_call = steps.regions()
+    sequence, extra_held, arg_step = steps.pack_sequence(regions, region_of_call)
+    runtime_flops = steps.compare(regions, base.plan_recompute_flops)
+    manager_plan, simulated_plan = steps.plans(regions, arg_step)
     predicted = None
     if not notes and hardware is not None:
-        timeline = simulate(workload, hardware, simulated_plan, budget_bytes=2**62, check=False)
-        predicted = timeline.peak_memory_bytes + extra_held + sum(r.cached_transient_bytes for r in regions)
-        if plan.budget_bytes is not None and predicted > plan.budget_bytes:
-            notes.append(f"rebuilding each checkpointed call at its first unpack would hold {predicted} bytes of "
-                         f"saved tensors against the plan's budget of {plan.budget_bytes} bytes")
+        predicted = steps.predicted_peak_bytes(hardware, simulated_plan, regions, extra_held)
+    realized = steps.realized
     execution = ExecutionMap(realized=realized, pack_sequence=tuple(sequence), group_ops=frozenset(),
-                             random_ops=frozenset(), plan_recompute_flops=plan_flops,
+                             random_ops=frozenset(), plan_recompute_flops=base.plan_recompute_flops,
                              runtime_recompute_flops=runtime_flops,
-                             swap_bytes=sum(by_name[n].size_bytes for n, a in realized.items() if a is Action.SWAP),
+                             swap_bytes=sum(workload.tensor_by_name[n].size_bytes for n, a in realized.items()
+                                            if a is Action.SWAP),
                              notes=tuple(notes))
     return CheckpointMap(regions=tuple(regions), execution=execution, manager_plan=manager_plan,
                          simulated_plan=simulated_plan, predicted_peak_bytes=predicted, notes=tuple(notes))

@@ -1,7 +1,7 @@
 """What the runtime will do for a Plan, worked out without running anything (pure Python, no torch).
 
 Every tensor autograd saves goes through the swap manager's saved_tensors_hooks, in the order
-the profiler recorded (``meta.save_trace``): it is kept, swapped or recomputed exactly as the
+the profiler recorded (slackswap.profile_trace): it is kept, swapped or recomputed exactly as the
 plan says. A recompute group is re-run op by op, at the start of the backward step the plan
 gives it, from a record of each op's arguments the runtime takes in forward (see replay.py),
 so the runtime re-runs exactly the plan's ops: its recompute FLOPs are the plan's, and what it
@@ -19,11 +19,8 @@ from typing import Mapping
 
 from ..errors import PlanMismatchError
 from ..plans import Action, Plan
+from ..profile_trace import STORAGE_VERSIONS, ProfileTrace, aten_of
 from ..workload import Workload
-
-LOSS_CALL = "loss_fn"
-STORAGE_VERSIONS = 1
-"""Profile format the runtime needs: in-place writes are tensor versions (profiler/tracer.py)."""
 
 # aten ops that draw random numbers (torch/_refs and native_functions.yaml 'nondeterministic_seeded').
 RANDOM_OPS = frozenset({
@@ -63,37 +60,38 @@ class ExecutionMap:
         return not self.notes
 
 
-def _meta(workload: Workload, key: str):
-    if key not in workload.meta:
+def profile_trace(workload: Workload) -> ProfileTrace:
+    """The profiler's trace of ``workload``, or a PlanMismatchError naming the fix."""
+    try:
+        trace = ProfileTrace.from_meta(workload.meta)
+    except KeyError as missing:
         raise PlanMismatchError(
-            f"workload {workload.name!r} has no profiler trace (meta.{key}): the runtime needs a workload "
-            "from slackswap.profile for this model"
-        )
-    return workload.meta[key]
-
-
-def aten_name(op_name: str) -> str:
-    """'h.0.mlp.fc/addmm#3' -> 'addmm'."""
-    return op_name.rsplit("/", 1)[-1].split("#")[0]
-
-
-def build_execution_map(workload: Workload, plan: Plan) -> ExecutionMap:
-    trace: list[list] = _meta(workload, "save_trace")
-    _meta(workload, "op_calls")
-    if workload.meta.get("storage_versions") != STORAGE_VERSIONS:
+            f"workload {workload.name!r} has no profiler trace (meta.{missing.args[0]}): the runtime needs a "
+            "workload from slackswap.profile for this model"
+        ) from None
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise PlanMismatchError(
+            f"workload {workload.name!r} has a malformed profiler trace ({exc}): profile the model again"
+        ) from None
+    if trace.storage_versions != STORAGE_VERSIONS:
         raise PlanMismatchError(
             f"workload {workload.name!r} was profiled by an older slackswap (in-place writes are not tensor "
             "versions): profile the model again and make the plan again"
         )
+    return trace
+
+
+def build_execution_map(workload: Workload, plan: Plan) -> ExecutionMap:
+    trace = profile_trace(workload)
     ops = workload.ops
     index = workload.op_index
     actions = plan.actions
     sequence = tuple(
-        PackEntry(row[1], actions[row[1]], index[row[2]])
-        for row in trace if row[0] == "save" and row[1] is not None
+        PackEntry(save.tensor, actions[save.tensor], index[save.reader])
+        for save in trace.saves if save.tensor is not None
     )
     group_ops = frozenset(index[g] for group in plan.recompute_groups.values() for g in group)
-    random_ops = frozenset(i for i in group_ops if aten_name(ops[i].name) in RANDOM_OPS)
+    random_ops = frozenset(i for i in group_ops if aten_of(ops[i].name) in RANDOM_OPS)
     notes: list[str] = []
     seen = {e.name for e in sequence}
     unseen = [t.name for t in workload.saved_tensors if t.producer is not None and t.name not in seen]

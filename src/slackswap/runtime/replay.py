@@ -28,9 +28,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from ..errors import PlanMismatchError
+from ..profile_trace import aten_of, tensor_source
+from ..profiler.tracer import IGNORED_OPS, storage_key, written_tensors
 from ..schedule import backward_step_of
-from ..profiler.tracer import _IGNORED_OPS, written_tensors
-from .mapping import aten_name
 
 
 @dataclass(frozen=True)
@@ -58,14 +58,8 @@ class Recipe:
 def output_sources(op_outputs: tuple[str, ...]) -> list[tuple[str, str, int]]:
     """(name, 'out' | 'written', index) for each tensor an op makes, from the profile's names
     ('…:3' is its 4th tensor output, '…:w0' the version of the first tensor it writes into)."""
-    result = []
-    for name in op_outputs:
-        suffix = name.rsplit(":", 1)[1]
-        if suffix.startswith("w"):
-            result.append((name, "written", int(suffix[1:])))
-        else:
-            result.append((name, "out", int(suffix)))
-    return result
+    sources = [(name, tensor_source(name)) for name in op_outputs]
+    return [(name, "written" if src.written else "out", src.index) for name, src in sources]
 
 
 def rng_state(device: torch.device) -> torch.Tensor:
@@ -105,7 +99,7 @@ class ForwardRecorder:
     def __init__(self, workload, emap, manager, frozen_keys: set[tuple]) -> None:
         self.workload = workload
         self.n = len(workload.ops)
-        self.aten = [aten_name(op.name) for op in workload.ops]
+        self.aten = [aten_of(op.name) for op in workload.ops]
         self.sources = [output_sources(op.outputs) for op in workload.ops]
         self.group_ops = emap.group_ops
         self.random_ops = emap.random_ops
@@ -115,10 +109,6 @@ class ForwardRecorder:
         self.names: dict[tuple, str] = {}
         self.pending: tuple[int, list] | None = None
         self.hooked: set[int] = set()
-
-    @staticmethod
-    def key(t: torch.Tensor) -> tuple:
-        return (t.device.type, t.device.index, t.untyped_storage().data_ptr())
 
     def begin_step(self) -> None:
         self.i = 0
@@ -163,7 +153,7 @@ class ForwardRecorder:
         written = written_tensors(func, args, kwargs) if any(k == "written" for _, k, _ in self.sources[i]) else []
         for name, kind, k in self.sources[i]:
             t = written[k] if kind == "written" else out_tensors[k]
-            self.names[self.key(t)] = name
+            self.names[storage_key(t)] = name
         if recipe is not None:
             self.manager.recipes[i] = recipe
         self.pending = (i, [weakref.ref(t) for t in out_tensors])
@@ -179,7 +169,7 @@ class ForwardRecorder:
                 continue
             if id(x) in written_ids:
                 written.append(pos)
-            key = self.key(x)
+            key = storage_key(x)
             parameter = key in self.frozen or x.untyped_storage().nbytes() == 0 or self.manager.fsdp.is_gathered(x)
             name = None if parameter else self.names.get(key)
             if name is None:
@@ -204,6 +194,6 @@ class RecordingMode(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         r = self.recorder
-        if r.i >= r.n or func in _IGNORED_OPS or r.manager.busy or r.manager.fsdp.inside:
+        if r.i >= r.n or func in IGNORED_OPS or r.manager.busy or r.manager.fsdp.inside:
             return func(*args, **kwargs)
         return r.on_op(func, args, kwargs)

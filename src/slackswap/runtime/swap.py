@@ -45,6 +45,7 @@ from ..errors import PlanMismatchError, RuntimeFallbackWarning, RuntimeMemoryErr
 from ..memory.host import HOST_SLOT_ALIGN_BYTES
 from ..plans import Action, Plan
 from ..profiler.fsdp import FsdpUnits
+from ..profiler.tracer import storage_key
 from ..schedule import backward_step_of, op_of_backward_step
 from ..workload import Workload
 from .mapping import ExecutionMap
@@ -231,8 +232,7 @@ class SwapManager:
     # ---- hooks ---------------------------------------------------------------------------
     def pack(self, t: torch.Tensor):
         storage = t.untyped_storage()
-        if storage.nbytes() == 0 or (t.device.type, t.device.index, storage.data_ptr()) in self.param_keys \
-                or self.fsdp.is_gathered(t):
+        if storage.nbytes() == 0 or storage_key(t) in self.param_keys or self.fsdp.is_gathered(t):
             return t.detach()
         if torch._C._current_autograd_node() is not None:
             raise RuntimeUsageError(
