@@ -371,14 +371,15 @@ def simulate(
     workload: Workload,
     hardware: Hardware,
     plan: Plan,
-    budget_bytes: int | None = None,
+    budget_bytes: int | float | None = None,
     *,
     check: bool = True,
     tensor_log: list | None = None,
 ) -> Timeline:
     """Simulate one training step of ``workload`` on ``hardware`` under ``plan``.
 
-    ``budget_bytes`` defaults to the plan's own budget; None on both means no limit.
+    ``budget_bytes`` defaults to the plan's own budget; None on both, or ``math.inf``, means
+    no limit (the Timeline's ``budget_bytes`` is then None).
     Raises InfeasiblePlanError when the plan can never fit the budget, or swaps more than the
     hardware's ``pinned_host_bytes`` (when set) to the host. ``tensor_log``, when
     given, receives ``(time_s, tensor, added)`` for every change of the saved tensors on the
@@ -392,6 +393,8 @@ def simulate(
         check_host_memory(workload, hardware, plan)
     if budget_bytes is None:
         budget_bytes = plan.budget_bytes
+    if budget_bytes is not None and math.isinf(budget_bytes):
+        budget_bytes = None
     sim = _Simulation(workload, hardware, plan, math.inf if budget_bytes is None else budget_bytes, tensor_log)
     sim.run()
     return Timeline(

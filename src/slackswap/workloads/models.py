@@ -1,7 +1,7 @@
 """The built-in models, custom configurations, and the closed-form activation sizes.
 
-Configurations and micro-batches come from the workloads-and-hardware reference, sec. 1;
-docs/models.md explains each default. Sizes are bytes, T = seq_len x micro_batch tokens.
+Configurations come from the Hugging Face configs and micro-batches from the training recipes named
+beside each model; docs/models.md explains each default. Sizes are bytes, T = seq_len x micro_batch tokens.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ CUSTOM = "custom"
 
 # Flash attention is the default everywhere: current training stacks (Megatron-LM, HF with
 # SDPA, torchtitan) run fused attention, and eager attention's s^2 terms would make the
-# activations of GPT-2 XL at s=1024 b=8 about 67 GiB (reference sec. 1). Eager stays
+# activations of GPT-2 XL at s=1024 b=8 about 67 GiB (docs/models.md). Eager stays
 # available as a sensitivity option (attention="eager").
 MODELS: dict[str, TransformerSpec] = {
     # HF bert-large-uncased: L24 h1024 a16 f4096 V30522, post-LN, GELU, dropout 0.1, bidirectional.
@@ -39,7 +39,7 @@ MODELS: dict[str, TransformerSpec] = {
         attention="flash", mlp="gelu", norm="layernorm", dropout=True, causal=False, post_norm=True, rope=False,
     ),
     # HF gpt2-xl: L48 h1600 a25 f6400 V50257, n_ctx 1024, pre-LN, GELU, dropout 0.1, causal.
-    # b=8 is an assumption (4-16 is usual at this size; reference sec. 1).
+    # b=8 is an assumption (4-16 is usual at this size).
     "gpt2-xl": TransformerSpec(
         name="gpt2-xl", layers=48, hidden=1600, heads=25, ffn=6400, vocab=50257, seq_len=1024, micro_batch=8,
         attention="flash", mlp="gelu", norm="layernorm", dropout=True, causal=True, post_norm=False, rope=False,

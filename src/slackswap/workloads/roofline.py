@@ -2,7 +2,7 @@
 
 t = max(FLOPs / (efficiency x peak FLOP/s), bytes / (hbm_efficiency x HBM bytes/s))
 
-(workloads-and-hardware reference, sec. 2 "Roofline"). GEMMs and batched matmuls use
+(Williams, Waterman and Patterson, "Roofline", CACM 2009). GEMMs and batched matmuls use
 ``Hardware.gemm_efficiency``; fused (flash) attention uses ``attention_efficiency``;
 elementwise ops are memory-bound at every realistic size, so which FLOP rate they are
 charged at does not matter and they share the GEMM rate (the Hardware docstring's

@@ -20,7 +20,7 @@ Choices that the formulas leave open (docs/models.md discusses each):
 - The fused SwiGLU op saves gate and up and recomputes SiLU(gate) in its backward.
 - Softmax runs in bf16 (HF Llama's fp32 upcast would add 4as^2b bytes per layer in eager).
 - Logits: the LM head output (bf16, 2TV) and the fp32 log-probabilities of the cross
-  entropy (4TV) are both saved for the loss backward, 6TV bytes in all (reference sec. 2).
+  entropy (4TV) are both saved for the loss backward, 6TV bytes in all (Korthikanti et al., arXiv 2205.05198, sec. 4.3).
 - Token ids and labels are int64 step inputs, always resident.
 - Biases are folded into their GEMM; weights and optimizer states are not activations.
 
@@ -81,7 +81,7 @@ def assumptions_for(spec: TransformerSpec) -> list[str]:
 def _norm(b: Builder, sh: Shapes, name: str, layer: int, x: str, out: str) -> None:
     """LayerNorm or RMSNorm: the backward reads the input and the fp32 statistics."""
     spec = b.spec
-    # ~8 FLOPs per element for LayerNorm (mean, variance, scale, shift), ~4 for RMSNorm (reference sec. 2).
+    # ~8 FLOPs per element for LayerNorm (mean, variance, scale, shift), ~4 for RMSNorm (counted from their formulas).
     flops_per_elem = 8 if spec.norm == "layernorm" else 4
     stats = f"{name}.stats"
     b.op(name, layer, "norm",
@@ -171,7 +171,7 @@ def _mlp(b: Builder, sh: Shapes, i: int, x: str) -> str:
     x, saves = column_input(b, sh, p + "mlp", i, x, sh.ffn if spec.mlp == "gelu" else 2 * sh.ffn)
     if spec.mlp == "gelu":
         _gemm(b, p + "fc1", i, x, sh.T, spec.hidden, ((p + "fc1_out", sh.tf),), sh.ffn, saves)
-        # GELU (tanh form) ~8 FLOPs per element (reference sec. 2); backward reads its input.
+        # GELU (tanh form) ~8 FLOPs per element (counted from its formula); backward reads its input.
         b.op(p + "gelu", i, "elementwise", elementwise_cost(8 * sh.T * sh.ffn, 2 * sh.tf),
              inputs=(p + "fc1_out",), outputs=((p + "act", sh.tf),), saves=(p + "fc1_out",))
     else:
