@@ -392,11 +392,6 @@ def check_one_model_call(tracer: Tracer) -> None:
             "loss_fn never called the model itself (only its submodules, or nothing): the runtime starts each step "
             "at the model's forward; call model(...) in loss_fn, or profile the submodule you call"
         )
-    if calls > 1:
-        raise ValidationError(
-            f"loss_fn called the model {calls} times in one step: slackswap profiles and runs one model call per "
-            "step; call the model once (concatenate the inputs) or wrap the calls in one module and profile that"
-        )
     if tracer.ops_before_model:
         raise ValidationError(
             f"loss_fn ran {len(tracer.ops_before_model)} tensor op(s) before calling the model (first: "
