@@ -126,6 +126,7 @@ def test_backward_of_an_earlier_forward_names_the_second_model_call(gpt2):
 
 @pytest.mark.parametrize("bad_loss,message", [
     (lambda m, b: m(b[0] + 0, b[1]), "before calling the model"),
+    (lambda m, b: m(*b) + m(*b), "called the model 2 times"),
 ])
 def test_profile_refuses_a_loss_fn_the_runtime_could_not_follow(bad_loss, message):
     model = make_example("gpt2")

@@ -191,6 +191,10 @@ class Tracer:
         self.call_args: dict[str, list[str | None]] = {}
         self.direct_ops: dict[str, int] = {}
         self.paths = {id(m): name for name, m in model.named_modules()}
+        self.root_id = id(model)
+        # Counted by identity: a submodule may be named like the root's call (Hugging Face's
+        # LlamaForCausalLM has a submodule `model`), so call_counts cannot tell the two apart.
+        self.root_calls = 0
         self.fwd_times: list[float] = []
         self.ops_before_model: list[str] = []
         self.running = threading.local()
@@ -204,8 +208,10 @@ class Tracer:
         path = path or ROOT_CALL
         k = self.call_counts.get(path, 0)
         self.call_counts[path] = k + 1
-        if path == ROOT_CALL and k == 0:
-            self.ops_before_model = [op.aten for op in self.ops]
+        if id(module) == self.root_id:
+            self.root_calls += 1
+            if self.root_calls == 1:
+                self.ops_before_model = [op.aten for op in self.ops]
         call = call_name(path, k)
         self.calls[call] = self.stack[-1] if self.stack else None
         self.call_args[call] = [self.ids.lookup(a) for a in args if isinstance(a, torch.Tensor)]
@@ -386,11 +392,16 @@ class CudaTimer:
 def check_one_model_call(tracer: Tracer) -> None:
     """The runtime starts a step at the model's forward and follows one call of it: refuse, at
     profiling time, a loss_fn that the runtime could not follow."""
-    calls = tracer.call_counts.get(ROOT_CALL, 0)
+    calls = tracer.root_calls
     if calls == 0:
         raise ValidationError(
             "loss_fn never called the model itself (only its submodules, or nothing): the runtime starts each step "
             "at the model's forward; call model(...) in loss_fn, or profile the submodule you call"
+        )
+    if calls > 1:
+        raise ValidationError(
+            f"loss_fn called the model {calls} times in one step: slackswap profiles and runs one model call per "
+            "step; call the model once (concatenate the inputs) or wrap the calls in one module and profile that"
         )
     if tracer.ops_before_model:
         raise ValidationError(
