@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import ValidationError
-from .hardware import PRESETS, Hardware
+from .gpus import PRESETS, Hardware
 from .units import GB
 
 
