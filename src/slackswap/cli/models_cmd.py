@@ -12,10 +12,11 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    from ..workloads.families import FAMILIES
     from ..workloads.models import MODELS
 
     if args.json:
-        print_json({name: spec.to_dict() for name, spec in MODELS.items()})
+        print_json({name: spec.to_dict() for family in FAMILIES.values() for name, spec in family.models.items()})
         return 0
     from ..report.console import render_table
 
@@ -25,8 +26,14 @@ def run(args) -> int:
         [(name, s.layers, s.hidden, s.heads, s.num_kv_heads, s.ffn, s.vocab, s.seq_len, s.micro_batch, s.attention,
           s.mlp, s.norm, "on" if s.dropout else "off", _layout(s)) for name, s in MODELS.items()],
     )
+    for family in FAMILIES.values():
+        if family.name != "transformer":
+            for name, spec in family.models.items():
+                settings = ", ".join(f"{key}={getattr(spec, key)}" for key in family.settings())
+                print(f"{name} ({family.name} family): {settings}")
     print("custom models: --model custom with --layers --hidden --heads --ffn --vocab --seq-len --micro-batch")
     print("parallel layouts (one rank's workload): --tp N [--sp] --cp N --pp N --pp-stage N --kv-heads N")
+    return 0
 
 
 def _layout(spec) -> str:
@@ -35,4 +42,3 @@ def _layout(spec) -> str:
     if spec.sequence_parallel:
         parts.append("sp")
     return " ".join(parts) or "1 GPU"
-    return 0

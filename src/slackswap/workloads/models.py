@@ -1,7 +1,8 @@
-"""The built-in models, custom configurations, and the closed-form activation sizes.
+"""The built-in models of every family, custom configurations, and the closed-form activation sizes.
 
-Configurations come from the Hugging Face configs and micro-batches from the training recipes named
-beside each model; docs/models.md explains each default. Sizes are bytes, T = seq_len x micro_batch tokens.
+A model name is looked up in the family registry (workloads/families.py); its family's builder
+makes the workload. The transformer family's models are in workloads/transformer_family.py and
+docs/models.md explains each default. Sizes are bytes, T = seq_len x micro_batch tokens.
 """
 
 from __future__ import annotations
@@ -12,140 +13,95 @@ from typing import Any
 from ..errors import UnknownNameError, ValidationError
 from ..hardware import Hardware
 from ..workload import Workload
-from .spec import TransformerSpec
+from .families import FAMILIES, family_of, family_of_spec, model_names
 from .layout import Shapes
+from .spec import TransformerSpec
 from .transformer import (
     ASSUMPTIONS, FP32_BYTES, INDEX_BYTES, LAYERNORM_STATS_BYTES, MASK_BYTES, RMSNORM_STATS_BYTES,
-    assumptions_for, build_transformer, micro_batches_in_flight,
+    build_transformer, micro_batches_in_flight,
 )
+from .transformer_family import MODEL_SOURCES, MODELS
 
 __all__ = [
-    "MODELS", "MODEL_SOURCES", "ASSUMPTIONS", "CUSTOM", "get_model", "model_spec", "build_transformer",
+    "MODELS", "MODEL_SOURCES", "ASSUMPTIONS", "CUSTOM", "FAMILIES", "get_model", "model_spec", "build_transformer",
     "build_model_workload", "closed_form_saved_bytes", "workload_label",
 ]
 
 CUSTOM = "custom"
-
-# Flash attention is the default everywhere: current training stacks (Megatron-LM, HF with
-# SDPA, torchtitan) run fused attention, and eager attention's s^2 terms would make the
-# activations of GPT-2 XL at s=1024 b=8 about 67 GiB (docs/models.md). Eager stays
-# available as a sensitivity option (attention="eager").
-MODELS: dict[str, TransformerSpec] = {
-    # HF bert-large-uncased: L24 h1024 a16 f4096 V30522, post-LN, GELU, dropout 0.1, bidirectional.
-    # s=512 b=16 is NVIDIA DeepLearningExamples BERT phase 2 on A100 (pretrain_config.sh
-    # dgxa100_8gpu: 4096 sequences per GPU / 256 accumulation steps = 16).
-    "bert-large": TransformerSpec(
-        name="bert-large", layers=24, hidden=1024, heads=16, ffn=4096, vocab=30522, seq_len=512, micro_batch=16,
-        attention="flash", mlp="gelu", norm="layernorm", dropout=True, causal=False, post_norm=True, rope=False,
-    ),
-    # HF gpt2-xl: L48 h1600 a25 f6400 V50257, n_ctx 1024, pre-LN, GELU, dropout 0.1, causal.
-    # b=8 is an assumption (4-16 is usual at this size).
-    "gpt2-xl": TransformerSpec(
-        name="gpt2-xl", layers=48, hidden=1600, heads=25, ffn=6400, vocab=50257, seq_len=1024, micro_batch=8,
-        attention="flash", mlp="gelu", norm="layernorm", dropout=True, causal=True, post_norm=False, rope=False,
-    ),
-    # Llama-2-7b / LLaMA-7B: L32 h4096 a32 (MHA) f11008 V32000, RMSNorm, SwiGLU, RoPE, no dropout,
-    # no biases. s=2048 is LLaMA-1's context (4M-token batches); b=4 gives T=8192 like the others.
-    "llama-7b": TransformerSpec(
-        name="llama-7b", layers=32, hidden=4096, heads=32, ffn=11008, vocab=32000, seq_len=2048, micro_batch=4,
-        attention="flash", mlp="swiglu", norm="rmsnorm", dropout=False, causal=True, post_norm=False, rope=True,
-    ),
-    # HF Meta-Llama-3-8B: L32 h4096 a32, 8 KV heads (GQA), f14336, V128256; pre-trained at s=8192
-    # (Llama 3 paper, arXiv 2407.21783); b=1 gives T=8192 like the others.
-    "llama-3-8b": TransformerSpec(
-        name="llama-3-8b", layers=32, hidden=4096, heads=32, ffn=14336, vocab=128256, seq_len=8192, micro_batch=1,
-        attention="flash", mlp="swiglu", norm="rmsnorm", dropout=False, causal=True, post_norm=False, rope=True,
-        kv_heads=8,
-    ),
-    # HF Llama-2-70b: L80 h8192 a64, 8 KV heads (GQA), f28672, V32000; s=4096 (Llama 2 paper,
-    # arXiv 2307.09288). Its activations do not fit one GPU (about 99 GB at b=1), so the default
-    # layout is one rank of t=8 with sequence parallelism, Megatron-LM's layout within an 8-GPU node.
-    "llama-2-70b": TransformerSpec(
-        name="llama-2-70b", layers=80, hidden=8192, heads=64, ffn=28672, vocab=32000, seq_len=4096, micro_batch=1,
-        attention="flash", mlp="swiglu", norm="rmsnorm", dropout=False, causal=True, post_norm=False, rope=True,
-        kv_heads=8, tensor_parallel=8, sequence_parallel=True,
-    ),
-}
-
-MODEL_SOURCES: dict[str, str] = {
-    "bert-large": "HF bert-large-uncased config; NVIDIA DeepLearningExamples BERT pretrain_config.sh (phase 2)",
-    "gpt2-xl": "HF gpt2-xl config; micro-batch 8 assumed",
-    "llama-7b": "HF Llama-2-7b config; LLaMA paper (s=2048)",
-    "llama-3-8b": "HF Meta-Llama-3-8B config; Llama 3 paper arXiv 2407.21783 (s=8192)",
-    "llama-2-70b": "HF Llama-2-70b config; Llama 2 paper arXiv 2307.09288 (s=4096); t=8 with SP assumed",
-}
-
-# Keys build_model_workload accepts; the CLI flag for each is --<key with - for _>.
-_REQUIRED_FOR_CUSTOM = ("layers", "hidden", "heads", "ffn", "vocab", "seq_len", "micro_batch")
-_OVERRIDABLE = tuple(f.name for f in dataclasses.fields(TransformerSpec) if f.name != "name")
+"""The transformer family's custom model: every size given as a setting."""
 
 
 def _flag(key: str) -> str:
     return "--" + key.replace("_", "-")
 
 
-def get_model(name: str) -> TransformerSpec:
-    """The built-in TransformerSpec called ``name``."""
-    try:
-        return MODELS[name]
-    except (KeyError, TypeError):
+def get_model(name: str) -> Any:
+    """The built-in configuration called ``name`` (a TransformerSpec for the transformer family)."""
+    family = family_of(name)
+    if name not in family.models:
         raise UnknownNameError(
-            f"unknown model {name!r}: choose one of {', '.join(MODELS)}, or {CUSTOM} with every size flag"
-        ) from None
+            f"{name!r} is not a built-in model: choose one of {', '.join(model_names())}"
+        )
+    return family.models[name]
 
 
-def model_spec(name: str, **overrides: Any) -> TransformerSpec:
-    """The spec of built-in model ``name`` with ``overrides`` (TransformerSpec fields) applied;
-    ``name`` 'custom' needs every size field."""
-    unknown = sorted(set(overrides) - set(_OVERRIDABLE))
+def model_spec(name: str, **overrides: Any) -> Any:
+    """The configuration of built-in model ``name`` with ``overrides`` (fields of its family's
+    configuration type) applied; a family's custom name ('custom') needs every size field."""
+    family = family_of(name)
+    settings = family.settings()
+    unknown = sorted(set(overrides) - set(settings))
     if unknown:
         raise ValidationError(
-            f"unknown model setting {unknown[0]!r}: use one of {', '.join(_OVERRIDABLE)}"
+            f"unknown model setting {unknown[0]!r}: use one of {', '.join(settings)}"
         )
-    if name == CUSTOM:
-        missing = [k for k in _REQUIRED_FOR_CUSTOM if overrides.get(k) is None]
+    if name == family.custom_name:
+        missing = [k for k in family.required_for_custom if overrides.get(k) is None]
         if missing:
             raise ValidationError(
-                f"model 'custom' needs {', '.join(_flag(k) for k in missing)}: give every size flag "
-                f"({' '.join(_flag(k) for k in _REQUIRED_FOR_CUSTOM)})"
+                f"model {name!r} needs {', '.join(_flag(k) for k in missing)}: give every size flag "
+                f"({' '.join(_flag(k) for k in family.required_for_custom)})"
             )
-        return TransformerSpec(name=CUSTOM, **overrides)
-    base = get_model(name)
-    return base.replace(**overrides) if overrides else base
+        return family.spec_type(name=name, **overrides)
+    base = family.models[name]
+    return dataclasses.replace(base, **overrides) if overrides else base
 
 
-def workload_label(spec: TransformerSpec) -> str:
+def workload_label(spec: Any) -> str:
     """A name for the workload that identifies its configuration.
 
     A built-in model unchanged is just its name; otherwise the fields that differ from the
-    built-in (all of them for a custom model) follow in brackets, in TransformerSpec field order:
-    'gpt2-xl[seq_len=2048,attention=eager]'.
+    built-in (all of them for a custom model) follow in brackets, in the configuration's field
+    order: 'gpt2-xl[seq_len=2048,attention=eager]'.
     """
-    base = MODELS.get(spec.name)
+    family = family_of_spec(spec)
+    base = family.models.get(spec.name)
     if base == spec:
         return spec.name
     changed = []
-    for f in dataclasses.fields(TransformerSpec):
+    for f in dataclasses.fields(family.spec_type):
         if f.name == "name":
             continue
         value = getattr(spec, f.name)
         reference = getattr(base, f.name) if base is not None else f.default
-        if base is None and f.name in _REQUIRED_FOR_CUSTOM or value != reference:
+        if base is None and f.name in family.required_for_custom or value != reference:
             changed.append(f"{f.name}={str(value).lower() if isinstance(value, bool) else value}")
     return f"{spec.name}[{','.join(changed)}]" if changed else spec.name
 
 
 def build_model_workload(name: str, hardware: Hardware, **overrides: Any) -> Workload:
-    """Workload of built-in model ``name`` (or 'custom') with ``overrides`` applied, timed on ``hardware``."""
+    """Workload of built-in model ``name`` (or a family's custom name) with ``overrides`` applied,
+    timed on ``hardware``, built by the model's family (workloads/families.py)."""
     spec = model_spec(name, **overrides)
+    family = family_of(name)
     meta = {
-        "kind": "transformer",
+        "kind": family.name,
         "model": spec.to_dict(),
         "hardware": hardware.name,
-        "assumptions": assumptions_for(spec),
-        "source": MODEL_SOURCES.get(spec.name, "custom configuration"),
+        "assumptions": family.assumptions(spec),
+        "source": family.sources.get(spec.name, "custom configuration"),
     }
-    return build_transformer(spec, hardware, name=workload_label(spec), meta=meta)
+    return family.build(spec, hardware, name=workload_label(spec), meta=meta)
 
 
 def closed_form_saved_bytes(spec: TransformerSpec) -> dict[str, int]:
