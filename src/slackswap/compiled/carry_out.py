@@ -27,6 +27,7 @@ import torch.fx as fx
 from torch.utils.checkpoint import CheckpointPolicy
 
 from ..plans import Action, Plan
+from ..schedule import backward_step_of
 from .graph_workload import GraphWorkload, is_backward_node, is_forward_op_node
 
 OFFLOAD_PREFIX = "cpu_offload_"
@@ -84,7 +85,7 @@ def backward_steps(bw: fx.GraphModule, graph_workload: GraphWorkload) -> dict[fx
             continue
         op_name = graph_workload.op_of_seq_nr.get(node.meta.get("seq_nr")) if is_backward_node(node) else None
         if op_name is not None:
-            step[node] = n - 1 - workload.op_index[op_name]
+            step[node] = backward_step_of(n, workload.op_index[op_name])
         else:
             user_steps = [step[u] for u in node.users if u in step]
             step[node] = min(user_steps) if user_steps else n
