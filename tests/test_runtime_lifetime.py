@@ -115,6 +115,77 @@ def test_a_second_model_call_in_one_step_is_refused_by_name():
             (model(x) + model(x)).pow(2).mean().backward()
 
 
+def nested_mlp():
+    """Two blocks and a head (module calls the checkpoint backend can wrap), the loss outside the model."""
+    nn = torch.nn
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Sequential(nn.Linear(8, 16), nn.Tanh()), nn.Sequential(nn.Linear(16, 16), nn.GELU()),
+                          nn.Linear(16, 4))
+    x = torch.randn(3, 8)
+
+    def loss(m, b):
+        return m(b).pow(2).mean()
+
+    workload = profile_model(model, x, loss, repeats=1, warmup=0)
+    return model, x, loss, workload
+
+
+def gradients_of(model, run) -> list:
+    model.zero_grad(set_to_none=True)
+    run()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("backend", ["replay", "checkpoint"])
+def test_a_forward_without_its_loss_then_a_new_step_is_not_a_second_call(backend):
+    # A forward with grad whose output is dropped (or an evaluation under grad) runs the model's ops
+    # but not the loss's; its graph is gone when the next step calls the model, which is a new step.
+    from slackswap import Action, make_plan
+    from slackswap.runtime import runtime_prefetch_steps
+
+    model, x, loss, workload = nested_mlp()
+    # Recompute inside the second block (both backends run it); swap the first block's output too
+    # under replay.
+    actions = {"1.0/addmm#1:0": Action.RECOMPUTE}
+    if backend == "replay":
+        actions["0.1/tanh#0:0"] = Action.SWAP
+    plan = make_plan(workload, actions, policy="test", budget_bytes=None,
+                     prefetch_step=runtime_prefetch_steps(workload, actions))
+    expected = gradients_of(model, lambda: loss(model, x).backward())
+    runtime = slackswap.apply(model, plan, workload=workload, backend=backend)
+
+    def dropped_forward_then_step():
+        with runtime:
+            model(x)  # output dropped: the forward is abandoned
+            loss(model, x).backward()
+
+    def evaluation_then_step():
+        with runtime:
+            with torch.enable_grad():
+                predictions = model(x)
+            assert predictions.requires_grad
+            del predictions  # evaluation done, its graph with it
+            loss(model, x).backward()
+
+    for run in (dropped_forward_then_step, evaluation_then_step):
+        got = gradients_of(model, run)
+        assert all(torch.equal(a, b) for a, b in zip(got, expected))
+    assert runtime.stats.steps == 4  # every forward began a step, the abandoned ones included
+
+
+def test_a_second_call_while_the_first_output_is_held_is_still_refused():
+    model, x, loss, workload = nested_mlp()
+    plan = slackswap.plan(workload, budget=1.0, policy="ideal")
+    with pytest.raises(RuntimeUsageError, match="called again during its step.*drop its outputs"):
+        with slackswap.apply(model, plan, workload=workload):
+            first = model(x)
+            (first + model(x)).pow(2).mean().backward()
+    # Held only through the graph of a loss op run on it (the output tensor itself is gone): refused too.
+    with pytest.raises(RuntimeUsageError, match="called again during its step"):
+        with slackswap.apply(model, plan, workload=workload):
+            (model(x).pow(2) + model(x).pow(2)).mean().backward()
+
+
 def test_backward_of_an_earlier_forward_names_the_second_model_call(gpt2):
     model, batch, workload = gpt2
     plan = slackswap.plan(workload, budget=0.7, policy="full-recompute")

@@ -3,9 +3,12 @@ checkpoint_backend.CheckpointRuntime)."""
 
 from __future__ import annotations
 
+import gc
 import threading
+import weakref
 
 import torch
+from torch.utils._pytree import tree_flatten
 
 from ..errors import RuntimeUsageError
 from ..plans import Plan
@@ -54,15 +57,20 @@ def exit_runtime(runtime) -> None:
 
 
 def check_new_step(runtime) -> None:
-    """A model call while the step's forward is under way is a second call in one step."""
+    """A model call while the step's forward is under way is a second call in one step, unless the
+    earlier forward was abandoned: run without its loss ops (a forward whose output was dropped,
+    an evaluation under grad) and its graph gone, so no backward can reach it any more."""
     recorder = runtime.recorder
     if 0 < recorder.i < recorder.n:
+        if not runtime.earlier_forward_reachable():
+            return  # the caller starts the new step, which forgets the abandoned one
         at = recorder.i
         recorder.i = recorder.n
         raise RuntimeUsageError(
             f"the model was called again during its step (after forward op {at} of {recorder.n}): slackswap.apply "
             "runs one model call per training step; call the model once in loss_fn (concatenate the inputs), or "
-            "wrap both calls in one module and profile that"
+            "wrap both calls in one module and profile that (if the earlier call was an evaluation, run it under "
+            "torch.no_grad() or drop its outputs before the next step)"
         )
 
 
@@ -85,6 +93,7 @@ class RuntimeBase:
         self.recorder = ForwardRecorder(workload, execution, self.manager, keys)
         self._active = False
         self._warned_compiled = False
+        self._outputs: list[weakref.ref] = []  # the model's outputs of the latest forward
 
     @property
     def stats(self) -> RuntimeStats:
@@ -144,3 +153,17 @@ class RuntimeBase:
         # The model's last op has its autograd node by now: hook it (ops after the model, in
         # loss_fn, are hooked when the next op starts).
         self.recorder.resolve_pending()
+        if torch.is_grad_enabled():
+            self._outputs = [weakref.ref(t) for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor)]
+
+    def earlier_forward_reachable(self) -> bool:
+        """Whether the latest forward's graph can still run backward: autograd holds one of its
+        saved tensors, or the caller holds one of the model's outputs. Collected garbage first
+        (a graph in a reference cycle is unreachable but not yet freed)."""
+        def alive() -> bool:
+            return self.manager.holds_saved_tensors() or any(ref() is not None for ref in self._outputs)
+
+        if not alive():
+            return False
+        gc.collect()
+        return alive()

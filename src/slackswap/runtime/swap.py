@@ -184,6 +184,10 @@ class SwapManager:
         self.stats.step_peak_device_saved_bytes = self.stats.device_saved_bytes
         self._begin()
 
+    def holds_saved_tensors(self) -> bool:
+        """Whether a graph still holds a saved tensor of this step (a handle the pack hook gave)."""
+        return any(state.handles > 0 for state in self.states.values())
+
     def abandon_step(self) -> None:
         """Forget the running step after an exception: wait for the copies in flight, stop counting
         what the step holds, release the host pool (the next step allocates it again). Handles of
