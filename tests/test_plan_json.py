@@ -38,6 +38,22 @@ def test_round_trip_through_json_and_files(tmp_path):
     assert [row["name"] for row in json.loads(path.read_text())["tensors"]] == [t.name for t in w.saved_tensors]
 
 
+def test_recompute_regions_round_trip_and_are_written_only_when_a_plan_has_them():
+    w = chain(4)
+    region = make_plan(w, {"a1": R}, policy="hand", budget_bytes=None, recompute_regions=[("op1", "op2")])
+    data = json.loads(region.to_json(w))
+    assert data["recompute_regions"] == [["op1", "op2"]]
+    again = Plan.from_dict(data)
+    assert again == region and again.recompute_regions == (("op1", "op2"),)
+    check_plan(w, again)
+    plain = make_plan(w, {"a1": R}, policy="hand", budget_bytes=None)
+    assert "recompute_regions" not in json.loads(plain.to_json(w))
+    assert plain != region
+    for bad in ([["op1", 3]], [[]], ["op1"]):
+        with pytest.raises(ValidationError, match="recompute_regions"):
+            Plan.from_dict({**data, "recompute_regions": bad})
+
+
 def test_unconstrained_plan_round_trips_a_null_budget():
     w = chain(3)
     plan = make_plan(w, {}, policy="ideal", budget_bytes=None)

@@ -19,6 +19,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from torch import nn  # noqa: E402
+from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 import slackswap  # noqa: E402
 from slackswap import Action, get_hardware, make_plan, simulate  # noqa: E402
@@ -177,3 +178,40 @@ def test_each_save_is_read_by_the_op_whose_backward_unpacks_it(profiled, kind):
     _, _, workload = profiled(kind)
     readers = {r for t in workload.saved_tensors for r in t.bwd_readers}
     assert readers and not [r for r in readers if "/_unsafe_view#" in r or "/view#" in r or "/expand#" in r]
+
+
+def test_a_recompute_region_op_whose_output_nothing_needs_is_re_run_by_the_runtime():
+    """A plan's recompute region (selective-recompute's Megatron core attention) makes a group re-run
+    an op whose output is not rebuilt for anything: the runtime runs it, with the plan's FLOPs."""
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 4))
+    batch = torch.randn(4, 8)
+
+    def loss(model, x):
+        return model(x).square().mean()
+
+    workload = profile_model(base, batch, loss, repeats=1)
+    first_act = next(t.name for t in workload.saved_tensors if t.producer and "tanh" in t.producer)
+    producer = workload.tensor_by_name[first_act].producer
+    after = workload.ops[workload.op_index[producer] + 2].name  # the next Linear's GEMM (after its weight view)
+    assert workload.ops[workload.op_index[after]].kind == "gemm"
+    plain = make_plan(workload, {first_act: Action.RECOMPUTE}, policy="hand", budget_bytes=None)
+    region = make_plan(workload, {first_act: Action.RECOMPUTE}, policy="hand", budget_bytes=None,
+                       recompute_regions=[(producer, after)])
+    (group,) = region.recompute_groups.values()
+    assert set(group) - set(next(iter(plain.recompute_groups.values()))) == {after}
+
+    def run(model, runtime=None):
+        model.zero_grad(set_to_none=True)
+        with runtime if runtime is not None else contextlib.nullcontext():
+            with FlopCounterMode(display=False) as counter:
+                loss(model, batch).backward()
+        return counter.get_total_flops(), [p.grad.clone() for p in model.parameters()]
+
+    ref_flops, ref_grads = run(copy.deepcopy(base))
+    planned = copy.deepcopy(base)
+    runtime = apply_plan(planned, region, workload)
+    flops, grads = run(planned, runtime)
+    assert all(torch.equal(a, b) for a, b in zip(ref_grads, grads))
+    assert runtime.stats.step_recompute_ops == len(group)
+    assert flops - ref_flops == sum(workload.ops[workload.op_index[g]].flops for g in group)

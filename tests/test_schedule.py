@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from slackswap.errors import ValidationError
+from slackswap.errors import PlanMismatchError, ValidationError
 from slackswap.hardware import Hardware
 from slackswap.plans import Action
 from slackswap.schedule import (
@@ -169,3 +171,40 @@ def test_make_plan_defaults_and_checks():
     assert with_hw.prefetch_step == {"a0": 1}
     with pytest.raises(ValidationError, match="actions name tensors the workload does not save"):
         make_plan(w, {"a3": S}, policy="p", budget_bytes=None)
+
+
+def test_a_recompute_region_reruns_its_ops_that_nothing_needs_and_the_simulator_charges_them():
+    # chain(4), forward 1, 2, 4, 8 s: a1 recomputed is rebuilt by op1 before op2's backward (step 1).
+    # With op1 and op2 one region (as a checkpointed function), op2 re-runs too although its output
+    # a2 is kept: 2 + 4 s of recompute instead of 2 s.
+    w = chain(4, fwd_time_s=[1.0, 2.0, 4.0, 8.0])
+    hw = link(1e9)
+    plain = make_plan(w, {"a1": R}, policy="hand", budget_bytes=None)
+    region = make_plan(w, {"a1": R}, policy="hand", budget_bytes=None, recompute_regions=[("op1", "op2")])
+    assert plain.recompute_groups == {"op2": ("op1",)}
+    assert region.recompute_groups == {"op2": ("op1", "op2")}
+    assert region.recompute_regions == (("op1", "op2"),)
+    check_plan(w, region)
+    ideal = simulate(w, hw, make_plan(w, {}, policy="ideal", budget_bytes=None)).step_time_s
+    assert simulate(w, hw, plain).step_time_s == ideal + 2.0
+    assert simulate(w, hw, region).step_time_s == ideal + 2.0 + 4.0
+
+
+def test_a_region_op_whose_inputs_are_gone_rebuilds_them_first():
+    # a2 recomputed: op2 re-runs before op3's backward (step 0). The region (op1, op2) adds op1,
+    # whose input a0 is recomputed too, so op0 re-runs first; a0 then stays for op1's backward.
+    w = chain(4, fwd_time_s=[1.0, 2.0, 4.0, 8.0])
+    actions = full(w, {"a0": R, "a2": R})
+    assert derive_recompute_groups(w, actions, {}) == {"op3": ("op2",), "op1": ("op0",)}
+    assert derive_recompute_groups(w, actions, {}, [("op1", "op2")]) == {"op3": ("op0", "op1", "op2")}
+
+
+def test_a_plan_whose_regions_name_an_unknown_op_or_disagree_with_its_groups_is_refused():
+    w = chain(3)
+    plain = make_plan(w, {"a1": R}, policy="hand", budget_bytes=None)
+    with pytest.raises(PlanMismatchError, match="recompute_regions.*'opX'"):
+        check_plan(w, dataclasses.replace(plain, recompute_regions=(("op1", "opX"),)))
+    with pytest.raises(ValidationError, match="recompute_groups do not match"):
+        check_plan(w, dataclasses.replace(plain, recompute_regions=(("op1", "op2"),)))
+    with pytest.raises(PlanMismatchError, match="recompute_regions"):
+        make_plan(w, {}, policy="hand", budget_bytes=None, recompute_regions=[("nope",)])

@@ -191,8 +191,8 @@ class Fields:
             raise ValidationError(f"{self.where}.{key} must be a list of non-empty strings, got {show(value)}")
         return tuple(value)
 
-    def list(self, key: str) -> list:
-        value = self._get(key, _REQUIRED)
+    def list(self, key: str, default: Any = _REQUIRED) -> list:
+        value = self._get(key, default)
         if not isinstance(value, list):
             raise ValidationError(f"{self.where}.{key} must be a list, got {type(value).__name__}")
         return value

@@ -113,6 +113,10 @@ class Plan:
     actions: Mapping[str, Action]
     prefetch_step: Mapping[str, int] = field(default_factory=dict)
     recompute_groups: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    recompute_regions: tuple[tuple[str, ...], ...] = ()
+    """Ops that re-run as one unit, as a checkpointed function does: a recompute group that re-runs
+    one op of a region re-runs all of them (slackswap.schedule.derive_recompute_groups).
+    ``selective-recompute`` sets one per eager attention core; empty for every other policy."""
     schedule: ExecutionSchedule = field(default_factory=ExecutionSchedule)
     """The execution order the simulator and the runtime follow (part of the plan's identity)."""
     info: Mapping[str, Any] = field(default_factory=dict, compare=False)
@@ -147,6 +151,7 @@ class Plan:
             "budget_bytes": self.budget_bytes,
             "tensors": rows,
             "recompute_groups": {k: list(v) for k, v in self.recompute_groups.items()},
+            **({"recompute_regions": [list(r) for r in self.recompute_regions]} if self.recompute_regions else {}),
             "schedule": self.schedule.to_dict(),
             "info": dict(self.info),
             **({"profile": self.profile.to_dict()} if self.profile is not None else {}),
@@ -190,6 +195,11 @@ class Plan:
             if not isinstance(value, list):
                 raise ValidationError(f"plan.recompute_groups[{show(key)}] must be a list of op names")
             groups[key] = tuple(value)  # names checked by the constructor
+        regions = []
+        for i, value in enumerate(top.list("recompute_regions", default=[])):
+            if not isinstance(value, list):
+                raise ValidationError(f"plan.recompute_regions[{i}] must be a list of op names")
+            regions.append(tuple(value))  # names checked by the constructor
         profile = None
         if "profile" in top.obj:
             top.used.add("profile")
@@ -197,7 +207,8 @@ class Plan:
         plan = cls(
             workload_name=top.str("workload"), workload_fingerprint=top.str("workload_fingerprint"),
             policy=top.str("policy"), budget_bytes=budget, actions=actions, prefetch_step=prefetch,
-            recompute_groups=groups, schedule=ExecutionSchedule.from_dict(top.dict("schedule")),
+            recompute_groups=groups, recompute_regions=tuple(regions),
+            schedule=ExecutionSchedule.from_dict(top.dict("schedule")),
             info=top.dict("info", default={}), profile=profile,
         )
         top.no_extra()
@@ -244,6 +255,10 @@ def _validate_plan(plan: Plan) -> None:
         if not isinstance(group, (tuple, list)) or not all(is_text(op) for op in group):
             raise ValidationError(f"plan.recompute_groups[{reader!r}] must be a tuple of op names, got {show(group)}")
         groups[reader] = tuple(group)
+    if not isinstance(plan.recompute_regions, (tuple, list)) or not all(
+            isinstance(r, (tuple, list)) and r and all(is_text(op) for op in r) for r in plan.recompute_regions):
+        raise ValidationError("plan.recompute_regions must be a tuple of non-empty tuples of op names, "
+                              f"got {show(plan.recompute_regions)}")
     check_json(dict(plan.info), "plan.info")
     if not isinstance(plan.schedule, ExecutionSchedule):
         raise ValidationError(f"plan.schedule must be an ExecutionSchedule, got {type(plan.schedule).__name__}")
@@ -253,5 +268,6 @@ def _validate_plan(plan: Plan) -> None:
     object.__setattr__(plan, "actions", actions)
     object.__setattr__(plan, "prefetch_step", dict(plan.prefetch_step))
     object.__setattr__(plan, "recompute_groups", groups)
+    object.__setattr__(plan, "recompute_regions", tuple(tuple(r) for r in plan.recompute_regions))
     object.__setattr__(plan, "info", dict(plan.info))
 

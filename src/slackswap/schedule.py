@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from .errors import PlanMismatchError, ValidationError
 from .hardware import Hardware
@@ -36,7 +36,8 @@ def first_use_step(workload: Workload, name: str) -> int:
     return backward_step_of(len(workload.ops), latest_reader)
 
 
-def first_need_step(workload: Workload, actions: Mapping[str, Action]) -> dict[str, int]:
+def first_need_step(workload: Workload, actions: Mapping[str, Action],
+                    regions: Sequence[Sequence[str]] = ()) -> dict[str, int]:
     """Backward step at which each swapped tensor must be back on the device.
 
     That is its first backward read, or earlier when a recompute group re-runs an op that
@@ -51,7 +52,7 @@ def first_need_step(workload: Workload, actions: Mapping[str, Action]) -> dict[s
         return need
     ops = workload.ops
     full = {t.name: actions.get(t.name, Action.KEEP) for t in workload.saved_tensors}  # unnamed: kept
-    groups = derive_recompute_groups(workload, full, {name: 0 for name in swapped})
+    groups = derive_recompute_groups(workload, full, {name: 0 for name in swapped}, regions)
     for op_name, group in groups.items():
         step = backward_step_of(len(ops), workload.op_index[op_name])
         for producer in group:
@@ -62,7 +63,8 @@ def first_need_step(workload: Workload, actions: Mapping[str, Action]) -> dict[s
 
 
 def derive_recompute_groups(
-    workload: Workload, actions: Mapping[str, Action], prefetch_step: Mapping[str, int]
+    workload: Workload, actions: Mapping[str, Action], prefetch_step: Mapping[str, int],
+    regions: Sequence[Sequence[str]] = (),
 ) -> dict[str, tuple[str, ...]]:
     """For each backward step, the forward ops to re-run before it, in execution order.
 
@@ -74,6 +76,12 @@ def derive_recompute_groups(
     inputs are not there either ("from the nearest tensors still resident"). Outputs
     of a group that are RECOMPUTE tensors with readers left stay resident; every
     other output of a group is discarded when the group ends.
+
+    ``regions`` (a plan's recompute_regions) are sets of ops that re-run as one unit, as a
+    checkpointed function does: a group that re-runs one op of a region re-runs all of them,
+    also those whose outputs nothing needs (Megatron-LM's selective recompute re-runs the
+    product with V along with the softmax it rebuilds), with their missing inputs rebuilt the
+    same way.
     """
     ops = workload.ops
     n = len(ops)
@@ -84,6 +92,10 @@ def derive_recompute_groups(
     arrivals: dict[int, list[str]] = {}
     for name, step in prefetch_step.items():
         arrivals.setdefault(step, []).append(name)
+    region_of: dict[str, tuple[str, ...]] = {}
+    for region in regions:
+        for op_name in region:
+            region_of[op_name] = region_of.get(op_name, ()) + tuple(region)
     groups: dict[str, tuple[str, ...]] = {}
     for k in range(n):
         op_i = op_of_backward_step(n, k)
@@ -93,10 +105,10 @@ def derive_recompute_groups(
         in_group: set[str] = set()
         temps: set[str] = set()
 
-        def rebuild(name: str) -> None:
+        def rerun(op_name: str) -> None:
             # Depth-first through the producers of missing inputs, post-order, with an explicit
             # stack: a chain of thousands of recomputed ops must not hit Python's recursion limit.
-            stack: list[tuple[str, int]] = []
+            stack: list[tuple[str, int]] = [(op_name, 0)]
 
             def enter(tensor: str) -> None:
                 producer = by_name[tensor].producer
@@ -105,7 +117,6 @@ def derive_recompute_groups(
                 if producer not in in_group:
                     stack.append((producer, 0))
 
-            enter(name)
             while stack:
                 producer, next_input = stack.pop()
                 inputs = ops[workload.op_index[producer]].inputs
@@ -128,7 +139,18 @@ def derive_recompute_groups(
                     f"backward of {bwd_op.name!r} needs {name!r} ({action.value if action else 'no action'}), "
                     "which is not on the device at that step: prefetch it earlier or recompute it"
                 )
-            rebuild(name)
+            producer = by_name[name].producer
+            if producer is None:
+                raise ValidationError(f"step input {name!r} is needed but not resident")
+            if producer not in in_group:
+                rerun(producer)
+        if group and region_of:
+            done = 0
+            while done < len(group):  # the group grows while regions add ops to it
+                for other in region_of.get(group[done], ()):
+                    if other not in in_group:
+                        rerun(other)
+                done += 1
         if group:
             group.sort(key=workload.op_index.__getitem__)
             groups[bwd_op.name] = tuple(group)
@@ -167,6 +189,7 @@ def prefetch_alap(
     hardware: Hardware,
     *,
     lead_s: float = 0.0,
+    regions: Sequence[Sequence[str]] = (),
 ) -> dict[str, int]:
     """Issue each copy back as late as it can go and still land before its first use
     (first_need_step: a backward read or a recompute that reads it).
@@ -183,7 +206,7 @@ def prefetch_alap(
     if not swapped:
         return {}
     starts = backward_step_starts_s(workload, {})
-    first_use = first_need_step(workload, actions)
+    first_use = first_need_step(workload, actions, regions)
     production = {t.name: i for i, t in enumerate(workload.saved_tensors)}
     order = sorted(swapped, key=lambda name: (first_use[name], production[name]))
     result: dict[str, int] = {}
@@ -266,10 +289,12 @@ def make_plan(
     hardware: Hardware | None = None,
     prefetch_step: Mapping[str, int] | None = None,
     info: Mapping[str, Any] | None = None,
+    recompute_regions: Sequence[Sequence[str]] = (),
 ) -> Plan:
     """Complete a set of actions into a Plan: default every unnamed saved tensor to KEEP,
     choose prefetch steps (as late as possible on ``hardware``, or at the step of first need
-    without one) and derive the recompute groups."""
+    without one) and derive the recompute groups (``recompute_regions``: ops that re-run as one
+    unit, derive_recompute_groups)."""
     full = {t.name: _as_action(actions.get(t.name, Action.KEEP), t.name) for t in workload.saved_tensors}
     unknown = set(actions) - set(full)
     if unknown:
@@ -277,17 +302,28 @@ def make_plan(
     for t in workload.saved_tensors:
         if t.producer is None and full[t.name] is not Action.KEEP:
             raise ValidationError(f"plan: {t.name!r} is a step input and can only be kept, not {full[t.name].value}")
+    regions = tuple(tuple(r) for r in recompute_regions)
+    _check_regions(workload, regions)
     if prefetch_step is None:
         if hardware is not None:
-            prefetch_step = prefetch_alap(workload, full, hardware)
+            prefetch_step = prefetch_alap(workload, full, hardware, regions=regions)
         else:
-            prefetch_step = first_need_step(workload, full)
-    groups = derive_recompute_groups(workload, full, prefetch_step)
+            prefetch_step = first_need_step(workload, full, regions)
+    groups = derive_recompute_groups(workload, full, prefetch_step, regions)
     return Plan(
         workload_name=workload.name, workload_fingerprint=workload.fingerprint, policy=policy,
         budget_bytes=budget_bytes, actions=full, prefetch_step=dict(prefetch_step),
         recompute_groups=groups, schedule=derive_schedule(workload, prefetch_step, groups), info=dict(info or {}),
+        recompute_regions=regions,
     )
+
+
+def _check_regions(workload: Workload, regions: Sequence[Sequence[str]]) -> None:
+    for i, region in enumerate(regions):
+        for op_name in region:
+            if op_name not in workload.op_index:
+                raise PlanMismatchError(f"plan.recompute_regions[{i}] names op {op_name!r}, which the workload "
+                                        "does not have: make the plan again")
 
 
 def check_plan(workload: Workload, plan: Plan) -> None:
@@ -326,7 +362,8 @@ def check_plan(workload: Workload, plan: Plan) -> None:
                 )
         elif name in plan.prefetch_step:
             raise ValidationError(f"plan: {name!r} has a prefetch_step but is not swapped")
-    expected = derive_recompute_groups(workload, plan.actions, plan.prefetch_step)
+    _check_regions(workload, plan.recompute_regions)
+    expected = derive_recompute_groups(workload, plan.actions, plan.prefetch_step, plan.recompute_regions)
     if dict(plan.recompute_groups) != expected:
         raise ValidationError(
             "plan.recompute_groups do not match the actions and prefetch steps: make the plan again "

@@ -69,4 +69,4 @@ def fit_host_memory(workload: Workload, hardware: Hardware, plan: Plan) -> Plan:
     info = {**plan.info, "host_memory": f"{len(swapped) - sum(a is Action.SWAP for a in actions.values())} swaps "
             f"turned into recomputes to fit {limit} bytes of pinned host memory"}
     return make_plan(workload, actions, policy=plan.policy, budget_bytes=plan.budget_bytes,
-                     hardware=hardware, info=info)
+                     hardware=hardware, info=info, recompute_regions=plan.recompute_regions)

@@ -18,7 +18,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Sequence
 
 from ..errors import BudgetError, InfeasiblePlanError
 from ..hardware import Hardware
@@ -185,9 +185,9 @@ class Candidate:
 
 def build(workload: Workload, hardware: Hardware, actions: Mapping[str, Action], policy: str,
           budget_bytes: int | None, *, prefetch_step: Mapping[str, int] | None = None,
-          info: Mapping | None = None) -> Plan:
+          info: Mapping | None = None, recompute_regions: Sequence[Sequence[str]] = ()) -> Plan:
     return make_plan(workload, actions, policy=policy, budget_bytes=budget_bytes, hardware=hardware,
-                     prefetch_step=prefetch_step, info=info)
+                     prefetch_step=prefetch_step, info=info, recompute_regions=recompute_regions)
 
 
 def evaluate(workload: Workload, hardware: Hardware, plan: Plan, budget_bytes: int | None,
