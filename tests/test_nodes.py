@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from slackswap.errors import InfeasiblePlanError, UnknownNameError, ValidationError
@@ -15,6 +17,9 @@ from slackswap.units import GB
 from slackswap.workloads.synthetic import chain
 
 DGX = NODES["dgx-a100"]
+# One switch of a DGX A100 on its own: two GPUs behind one 24 GB/s uplink, whose 44 GB/s node total
+# (half of the whole node's, not reached by two GPUs) never binds.
+PAIR = dataclasses.replace(DGX, name="dgx-a100-pair", gpus=2, sockets=1)
 SIZE = 12 * 10**9  # a0, swapped: 0.5 s alone on a 24 GB/s uplink, 1 s when two GPUs share it
 LAT = PRESETS["a100-80gb-pcie4"].copy_latency_s
 
@@ -29,23 +34,37 @@ def _copy_out(timeline):
     return event
 
 
+def _rates(result):
+    return [SIZE / (out.end_s - out.start_s - LAT) for out in map(_copy_out, result.timelines)]
+
+
 def test_two_gpus_on_one_switch_each_swap_at_half_the_uplink_while_both_copy():
     w, plan = _swap_a0()
-    assert DGX.gpus_per_switch == 2 and DGX.switch_uplink_bytes_per_s == 24 * GB
-    result = simulate_node(w, DGX, plan)  # lockstep: every pair copies together
-    for timeline in result.timelines:
-        out = _copy_out(timeline)
-        assert SIZE / (out.end_s - out.start_s - LAT) == pytest.approx(12 * GB, rel=1e-9)
-    alone = simulate_node(w, DGX, plan, skew_s=20.0)  # each rank's step is over before the next starts
-    for timeline in alone.timelines:
-        out = _copy_out(timeline)
-        assert SIZE / (out.end_s - out.start_s - LAT) == pytest.approx(24 * GB, rel=1e-9)
+    assert PAIR.gpus_per_switch == 2 and PAIR.switch_uplink_bytes_per_s == 24 * GB
+    assert _rates(simulate_node(w, PAIR, plan)) == pytest.approx([12 * GB] * 2, rel=1e-9)  # lockstep
+    # DGX H100 (no node total measured): every pair of a switch copying together gets half of 50 GB/s.
+    h100 = NODES["dgx-h100"]
+    assert _rates(simulate_node(w, h100, plan)) == pytest.approx([h100.switch_uplink_bytes_per_s / 2] * 8, rel=1e-9)
+    # Each rank's step over before the next starts: every GPU copies alone at its whole link.
+    assert _rates(simulate_node(w, DGX, plan, skew_s=20.0)) == pytest.approx([24 * GB] * 8, rel=1e-9)
+
+
+def test_all_eight_gpus_of_a_dgx_a100_copying_get_the_5_to_6_gb_s_each_nvbandwidth_measured():
+    # nvbandwidth issue #11: 5-6 GB/s per GPU with all eight copying, not the 12 GB/s switch share.
+    w, plan = _swap_a0()
+    rates = _rates(simulate_node(w, DGX, plan))
+    assert rates == pytest.approx([44 * GB / 8] * 8, rel=1e-9)
+    assert all(5 * GB <= r <= 6 * GB for r in rates)
+    # Four GPUs (the first two switches) copying together: 11 GB/s each, the node total binding before
+    # the switches' 12 GB/s.
+    assert DGX.copy_rate_bytes_per_s("h2d", 2, 4, 4) == 11 * GB
+    assert DGX.copy_rate_bytes_per_s("d2h", 2, 2, 2) == 12 * GB
 
 
 def test_a_copy_slows_when_its_switch_neighbour_starts_and_speeds_up_when_it_ends():
     w, plan = _swap_a0()
     skew = 0.25
-    result = simulate_node(w, DGX, plan, skew_s=skew)
+    result = simulate_node(w, PAIR, plan, skew_s=skew)
     first, second = _copy_out(result.timelines[0]), _copy_out(result.timelines[1])
     # Rank 0 copies alone from 1 s + latency until rank 1 starts its copy at 1.25 s (global), then
     # at half rate; rank 1 moves at half rate until rank 0 is done, then alone at the full rate.
@@ -60,7 +79,7 @@ def test_a_copy_slows_when_its_switch_neighbour_starts_and_speeds_up_when_it_end
 def test_lockstep_ranks_match_one_rank_on_the_lockstep_share_and_planners_see_that_share():
     w, plan = _swap_a0()
     share = get_hardware("dgx-a100")
-    assert (share.d2h_bytes_per_s, share.h2d_bytes_per_s) == (12 * GB, 12 * GB)
+    assert (share.d2h_bytes_per_s, share.h2d_bytes_per_s) == (5.5 * GB, 5.5 * GB)  # 44 GB/s over eight
     assert share.pinned_host_bytes == 1024 * 10**9 // 4  # four ranks share a socket's 1 TB
     one = simulate(w, share, plan)
     result = simulate_node(w, DGX, plan)
@@ -104,7 +123,7 @@ def test_reproduce_node_rows_run_the_paper_policies_on_the_rank_share_and_skip_l
     assert [(r["model"], r["layout"], "skipped" in r) for r in rows] == [
         ("even", "one model per GPU", False), ("even", "t=8 with sequence parallelism", False),
         ("odd", "one model per GPU", False), ("odd", "t=8 with sequence parallelism", True)]
-    assert rows[0]["copy_bytes_per_s"] == 12 * GB and list(rows[0]["policies"]) == ["swap-only", "full-recompute"]
+    assert rows[0]["copy_bytes_per_s"] == 5.5 * GB and list(rows[0]["policies"]) == ["swap-only", "full-recompute"]
     assert rows[0]["policies"]["full-recompute"]["fits"] and rows[1]["unconstrained_peak_bytes"] < rows[0]["unconstrained_peak_bytes"] / 4
     assert "not divisible by tensor_parallel (8)" in rows[3]["skipped"]
     assert rows[1]["workload"].startswith("custom[") and "tensor_parallel=8" in rows[1]["workload"]

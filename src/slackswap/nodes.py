@@ -4,7 +4,9 @@ A Node names the GPU preset of each of its ranks and the links the ranks share: 
 hang off one PCIe switch and the bandwidth of that switch's uplink to the CPU, and per CPU socket
 the host memory bandwidth and capacity. While k GPUs on one switch copy host-to-device (or
 device-to-host) at the same time, each gets at most uplink / k; while m GPUs of a socket copy,
-each gets at most the socket's memory bandwidth / m; and never more than its own link.
+each gets at most the socket's memory bandwidth / m; while n GPUs of the node copy, each gets at
+most the node's measured aggregate host copy rate / n (where one was measured); and never more
+than its own link.
 Every constant in NODES cites its source; docs/hardware.md discusses them.
 
 ``Node.rank_hardware()`` is the Hardware of one rank when every rank runs the same plan in
@@ -40,6 +42,9 @@ class Node:
     """Memory bandwidth of one CPU socket."""
     host_memory_bytes: int
     """Host memory of one CPU socket (pinned copies of swapped tensors live there)."""
+    host_copy_bytes_per_s: float | None = None
+    """What all GPUs of the node copying the same way move in total, per direction, as measured with
+    every GPU copying; None where no such measurement exists (then only the links above limit it)."""
     sources: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -53,6 +58,8 @@ class Node:
             raise ValidationError(f"node {self.name!r}: gpus ({self.gpus}) must divide evenly over sockets and switches")
         if (self.switch_uplink_bytes_per_s is None) != (self.gpus_per_switch == 1):
             raise ValidationError(f"node {self.name!r}: give a switch uplink exactly when GPUs share a switch")
+        if self.host_copy_bytes_per_s is not None and not self.host_copy_bytes_per_s > 0:
+            raise ValidationError(f"node.host_copy_bytes_per_s must be positive or None, got {self.host_copy_bytes_per_s!r}")
 
     @property
     def hardware(self) -> Hardware:
@@ -68,20 +75,24 @@ class Node:
     def socket_of(self, rank: int) -> int:
         return rank // self.gpus_per_socket
 
-    def copy_rate_bytes_per_s(self, direction: str, copying_on_switch: int, copying_on_socket: int) -> float:
+    def copy_rate_bytes_per_s(self, direction: str, copying_on_switch: int, copying_on_socket: int,
+                              copying_on_node: int = 1) -> float:
         """One GPU's copy rate in ``direction`` ('d2h' or 'h2d') while that many GPUs of its
-        switch and of its socket (itself included) copy the same way."""
+        switch, of its socket and of the node (itself included) copy the same way."""
         hw = self.hardware
         rate = hw.d2h_bytes_per_s if direction == "d2h" else hw.h2d_bytes_per_s
         if self.switch_uplink_bytes_per_s is not None:
             rate = min(rate, self.switch_uplink_bytes_per_s / max(1, copying_on_switch))
+        if self.host_copy_bytes_per_s is not None:
+            rate = min(rate, self.host_copy_bytes_per_s / max(1, copying_on_node))
         return min(rate, self.host_memory_bytes_per_s / max(1, copying_on_socket))
 
     def rank_hardware(self) -> Hardware:
         """One rank's Hardware when all ranks copy in lockstep: its share of the shared links, and
         of its socket's memory for pinned copies (``pinned_host_bytes``, which planners respect)."""
         hw = self.hardware
-        share = {d: self.copy_rate_bytes_per_s(d, self.gpus_per_switch, self.gpus_per_socket) for d in ("d2h", "h2d")}
+        share = {d: self.copy_rate_bytes_per_s(d, self.gpus_per_switch, self.gpus_per_socket, self.gpus)
+                 for d in ("d2h", "h2d")}
         return hw.replace(
             name=self.name, description=f"one of {self.gpus} ranks of {self.description}, copying in lockstep",
             d2h_bytes_per_s=share["d2h"], h2d_bytes_per_s=share["h2d"],
@@ -105,6 +116,12 @@ NODES: dict[str, Node] = {
         # DGX A100 640GB datasheet: 2 TB system memory over two sockets; EPYC 7742: 8 channels of
         # DDR4-3200 = 204.8 GB/s per socket.
         sockets=2, host_memory_bytes_per_s=204.8 * GB, host_memory_bytes=1024 * 10**9,
+        # nvbandwidth #11: with all eight A100s copying at once each moved 5-6 GB/s, 40-48 GB/s in all,
+        # half of what the four switch uplinks (4 x 24 GB/s) and far less than host memory allow. What
+        # limits it beyond the switches (the CPUs' I/O fabric, the host buffers' NUMA placement) is not
+        # isolated by any published measurement, so the node carries the measured total: 44 GB/s, the
+        # middle of the range (5.5 GB/s per GPU with all eight copying; two alone still get 12 each).
+        host_copy_bytes_per_s=44 * GB,
         sources=("NVIDIA DGX A100 datasheet and system architecture white paper", "AMD EPYC 7742 specifications",
                  "nvbandwidth issues #11, #53"),
     ),

@@ -2,7 +2,7 @@
 
 Each rank is the single-GPU simulation of simulator.py (one compute stream, two copy streams)
 with one change: the rate of a copy is ``Node.copy_rate_bytes_per_s`` for the number of ranks
-of the same switch and of the same socket copying the same way at that moment (times the GPU's
+of the same switch, of the same socket and of the node copying the same way at that moment (times the GPU's
 duplex factor while its other direction is busy). Whenever a rank starts or ends a copy, every
 rank sharing a link with it re-times its own copy in flight, so bytes move at the share in
 force over each interval. Ranks run the same workload and plan; rank r starts ``r * skew_s``
@@ -42,12 +42,13 @@ class _Rank(_Simulation):
 
     def _rate_of(self, direction: str) -> float:
         node = self.node
-        on_switch = on_socket = 0
+        on_switch = on_socket = on_node = 0
         for peer in self.peers:
             if peer._copying(direction):
                 on_switch += node.switch_of(peer.rank) == node.switch_of(self.rank)
                 on_socket += node.socket_of(peer.rank) == node.socket_of(self.rank)
-        rate = node.copy_rate_bytes_per_s(direction, on_switch, on_socket)
+                on_node += 1
+        rate = node.copy_rate_bytes_per_s(direction, on_switch, on_socket, on_node)
         if direction == "d2h":
             return rate * (self.hw.duplex_d2h_factor if self.h2d is not None else 1.0)
         return rate * (self.hw.duplex_h2d_factor if self.d2h is not None else 1.0)
