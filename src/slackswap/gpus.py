@@ -238,7 +238,7 @@ PRESETS: dict[str, Hardware] = {
         h2d_bytes_per_s=346 * GB, d2h_bytes_per_s=294 * GB,
         # Bidirectional C2C reached about half of the 900 GB/s total (nvbandwidth #41); measured H2D while
         # D2H runs is 0.47-0.49 of its one-way rate there, so 0.48; D2H keeps 225/294 = 0.77 (half of the
-        # total each way), which no measurement isolates.
+        # total each way), which no measurement isolates. Both rest on that one system (single-sourced).
         duplex_h2d_factor=0.48, duplex_d2h_factor=0.77,
         # GPU-to-GPU over NVLink 4 as on H100/H200 SXM (nccl-tests issue #212: ~370 GB/s ring bus bandwidth).
         collective_bytes_per_s=370 * GB,
