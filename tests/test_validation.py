@@ -1,7 +1,7 @@
 """One validation path (issue 15, defects 11 and 12): what a constructor accepts, the loader reads
 back equal; what the loader refuses, the constructor refuses too, with a typed error.
 
-The property tests build Workloads, Plans and Hardware from random field values (mostly valid,
+The property tests build Workloads, Plans, Hardware, Timelines, their Events and execution schedules from random field values (mostly valid,
 sometimes of the wrong type, out of range, NaN, empty) and check: either the constructor raises
 ValidationError, or the object saves to JSON and loads back equal, to the same JSON text. Any other
 exception is a bug (ints given for float fields load back as equal floats). The probes that failed in issue 15 are pinned one by one below.
@@ -21,6 +21,8 @@ import slackswap
 from slackswap import Action, Hardware, Op, Plan, Tensor, Workload, make_plan
 from slackswap.errors import SlackswapError, ValidationError
 from slackswap.hardware import PRESETS
+from slackswap.plans import CopyBack, ExecutionSchedule, RecomputeGroup
+from slackswap.timeline import Event, Timeline
 from slackswap.workloads.synthetic import chain
 
 PROPERTY = settings(max_examples=120, deadline=None, derandomize=True, database=None,
@@ -137,6 +139,107 @@ def test_every_hardware_the_constructor_accepts_loads_back_equal(fields):
         return
     again = Hardware.from_dict(json.loads(json.dumps(hw.to_dict())))
     assert again == hw
+
+
+TIMELINE = slackswap.simulate(BASE)
+EVENT_VALID = dict(
+    stream=st.sampled_from(["compute", "d2h", "h2d"]),
+    kind=st.sampled_from(["forward", "backward", "recompute", "copy_out", "copy_in", "stall_copy", "stall_memory"]),
+    name=NAME, start_s=st.floats(0, 1e3), end_s=st.floats(0, 2e3), size_bytes=st.integers(0, 2**54),
+    step=st.integers(-2, 2**54),
+)
+
+
+@st.composite
+def event_fields(draw):
+    return {key: draw(sometimes_junk(valid)) for key, valid in EVENT_VALID.items()}
+
+
+def built_or_none(kind, fields):
+    try:
+        return kind(**fields)
+    except ValidationError:
+        return None
+
+
+@PROPERTY
+@given(event_fields())
+def test_every_event_the_constructor_accepts_loads_back_equal(fields):
+    event = built_or_none(Event, fields)
+    if event is None:
+        return
+    timeline = dataclasses.replace(TIMELINE, events=(event,))
+    assert Timeline.from_dict(json.loads(json.dumps(timeline.to_dict()))).events == (event,)
+
+
+TIMELINE_VALID = dict(
+    workload_name=NAME, hardware_name=NAME, policy=NAME, budget_bytes=st.one_of(st.none(), st.integers(-1, 2**54)),
+    step_time_s=st.floats(0, 1e3), ideal_step_time_s=st.floats(0, 1e3), peak_memory_bytes=st.integers(0, 2**54),
+    d2h_bytes=st.integers(0, 2**54), h2d_bytes=st.integers(0, 2**54), recompute_time_s=st.floats(0, 10),
+    stall_copy_s=st.floats(0, 10), stall_memory_s=st.floats(0, 10),
+)
+
+
+@st.composite
+def timeline_fields(draw):
+    fields = {key: draw(sometimes_junk(valid)) for key, valid in TIMELINE_VALID.items()}
+    events = [built_or_none(Event, draw(event_fields())) for _ in range(draw(st.integers(0, 3)))]
+    fields["events"] = draw(st.one_of(*[st.just(tuple(e for e in events if e is not None))] * 6, JUNK))
+    points = st.tuples(sometimes_junk(st.floats(0, 1e3)), sometimes_junk(st.integers(0, 2**54)))
+    fields["memory"] = draw(st.one_of(*[st.lists(points, max_size=3).map(tuple)] * 6, JUNK))
+    return fields
+
+
+@PROPERTY
+@given(timeline_fields())
+def test_every_timeline_the_constructor_accepts_loads_back_equal(fields):
+    timeline = built_or_none(Timeline, fields)
+    if timeline is None:
+        return
+    text = json.dumps(timeline.to_dict())
+    again = Timeline.from_dict(json.loads(text))
+    assert again == timeline
+    assert json.dumps(again.to_dict()) == text
+
+
+@st.composite
+def schedule_fields(draw):
+    groups = [built_or_none(RecomputeGroup, dict(
+        step=draw(sometimes_junk(st.integers(-1, 2**54))), before=draw(sometimes_junk(NAME)),
+        ops=draw(sometimes_junk(st.lists(NAME, max_size=2))))) for _ in range(draw(st.integers(0, 2)))]
+    copies = [built_or_none(CopyBack, dict(
+        tensor=draw(sometimes_junk(NAME)), issue_step=draw(sometimes_junk(st.integers(-1, 2**54))),
+        start_step=draw(sometimes_junk(st.integers(-1, 2**54))))) for _ in range(draw(st.integers(0, 2)))]
+    return dict(recompute_groups=draw(st.one_of(st.just([g for g in groups if g is not None]), JUNK)),
+                copy_backs=draw(st.one_of(st.just(tuple(c for c in copies if c is not None)), JUNK)))
+
+
+@PROPERTY
+@given(schedule_fields())
+def test_every_schedule_the_constructor_accepts_loads_back_equal(fields):
+    schedule = built_or_none(ExecutionSchedule, fields)
+    if schedule is None:
+        return
+    assert ExecutionSchedule.from_dict(json.loads(json.dumps(schedule.to_dict()))) == schedule
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: Event("gpu", "forward", "op0", 0.0, 1.0), "event.stream is 'gpu': use one of compute, d2h, h2d"),
+    (lambda: Event("compute", "forward", "op0", 2.0, 1.0), "event ends at 1.0 s, before it starts at 2.0 s"),
+    (lambda: Event("compute", "forward", "op0", math.nan, 1.0), "event.start_s must be finite"),
+    (lambda: Event("compute", "forward", "op0", 0.0, 1.0, -1), "event.size_bytes must be at least 0"),
+    (lambda: dataclasses.replace(TIMELINE, budget_bytes=math.inf),
+     "timeline.budget_bytes must be an integer, got inf"),
+    (lambda: dataclasses.replace(TIMELINE, events=[1]), "timeline.events must be a tuple"),
+    (lambda: dataclasses.replace(TIMELINE, memory=((0.0, -3),)),
+     "timeline.memory\\[0\\].bytes must be at least 0"),
+    (lambda: RecomputeGroup(step=-1, before="op1", ops=("op0",)), "recompute_group.step must be at least 0"),
+    (lambda: CopyBack(tensor="a1", issue_step="3", start_step=0), "copy_back.issue_step must be an integer"),
+    (lambda: ExecutionSchedule(copy_backs=({"tensor": "a1"},)), "plan.schedule.copy_backs must be a tuple of CopyBack"),
+])
+def test_timeline_and_schedule_constructors_refuse_what_the_loader_refuses(make, message):
+    with pytest.raises(ValidationError, match=message):
+        make()
 
 
 # ---- the probes of issue 15 ------------------------------------------------------------------

@@ -134,6 +134,22 @@ def check_names(value: Any, where: str) -> tuple[str, ...]:
     return value
 
 
+def json_int(value: Any) -> Any:
+    """3.0 read as 3 (JSON writers may give either); anything else as it is, for the checks."""
+    return int(value) if isinstance(value, float) and math.isfinite(value) and value.is_integer() else value
+
+
+def json_float(value: Any) -> Any:
+    """An integer read as a float where a float is meant; anything else as it is, for the checks."""
+    return float(value) if isinstance(value, int) and not isinstance(value, bool) and abs(value) < 2**1023 else value
+
+
+def placed(exc: ValidationError, prefix: str, where: str) -> ValidationError:
+    """A constructor's message (about ``prefix``) placed in the file being read (``where``)."""
+    text = str(exc)
+    return ValidationError(where + text[len(prefix):] if text.startswith(prefix) else f"{where}: {text}")
+
+
 def check_json(value: Any, where: str) -> None:
     """A free-form field (meta, info) must be a dict of JSON values, or it could not be saved."""
     if not isinstance(value, dict):
@@ -164,6 +180,10 @@ class Fields:
                 raise ValidationError(f"{self.where}.{key} is missing: add it")
             return default
         return self.obj[key]
+
+    def raw(self, key: str) -> Any:
+        """The value of a required field as it is, for a constructor that checks it."""
+        return self._get(key, _REQUIRED)
 
     def str(self, key: str, default: Any = _REQUIRED) -> str:
         return check_text(self._get(key, default), f"{self.where}.{key}")

@@ -18,7 +18,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ._fields import Fields, check_int, check_json, check_text, is_text, read_json_file, show, write_text_atomic
+from ._fields import (
+    Fields, check_int, check_json, check_text, is_text, json_int, placed, read_json_file, show, write_text_atomic,
+)
 from .errors import PlanMismatchError, ValidationError
 from .workload import Workload
 
@@ -51,6 +53,13 @@ class RecomputeGroup:
     ops: tuple[str, ...]
     """The forward ops re-run, in execution order."""
 
+    def __post_init__(self) -> None:
+        check_int(self.step, "recompute_group.step")
+        check_text(self.before, "recompute_group.before")
+        if not isinstance(self.ops, (tuple, list)) or not all(is_text(op) for op in self.ops):
+            raise ValidationError(f"recompute_group.ops must be a list of op names, got {show(self.ops)}")
+        object.__setattr__(self, "ops", tuple(self.ops))  # a list given loads back as the tuple
+
 
 @dataclass(frozen=True)
 class CopyBack:
@@ -63,6 +72,11 @@ class CopyBack:
     """The backward step at which the simulated copy starts (after copies ahead of it on the stream,
     and memory, allow); the runtime issues it here, so it holds what the simulation holds."""
 
+    def __post_init__(self) -> None:
+        check_text(self.tensor, "copy_back.tensor")
+        check_int(self.issue_step, "copy_back.issue_step")
+        check_int(self.start_step, "copy_back.start_step")
+
 
 @dataclass(frozen=True)
 class ExecutionSchedule:
@@ -71,6 +85,13 @@ class ExecutionSchedule:
 
     recompute_groups: tuple[RecomputeGroup, ...] = ()
     copy_backs: tuple[CopyBack, ...] = ()
+
+    def __post_init__(self) -> None:
+        for key, kind in (("recompute_groups", RecomputeGroup), ("copy_backs", CopyBack)):
+            items = getattr(self, key)
+            if not isinstance(items, (tuple, list)) or not all(isinstance(x, kind) for x in items):
+                raise ValidationError(f"plan.schedule.{key} must be a tuple of {kind.__name__}, got {show(items)}")
+            object.__setattr__(self, key, tuple(items))
 
     def group_at_step(self) -> dict[int, RecomputeGroup]:
         return {g.step: g for g in self.recompute_groups}
@@ -88,19 +109,21 @@ class ExecutionSchedule:
     @classmethod
     def from_dict(cls, data: Any) -> "ExecutionSchedule":
         top = Fields(data, "plan.schedule")
-        groups = []
-        for i, raw in enumerate(top.list("recompute_groups")):
-            f = Fields(raw, f"plan.schedule.recompute_groups[{i}]")
-            groups.append(RecomputeGroup(step=f.int("step", minimum=0), before=f.str("before"), ops=f.str_list("ops")))
-            f.no_extra()
-        copies = []
-        for i, raw in enumerate(top.list("copy_backs")):
-            f = Fields(raw, f"plan.schedule.copy_backs[{i}]")
-            copies.append(CopyBack(tensor=f.str("tensor"), issue_step=f.int("issue_step", minimum=0),
-                                   start_step=f.int("start_step", minimum=0)))
-            f.no_extra()
+        read = {"recompute_groups": (RecomputeGroup, "recompute_group", ("step", "before", "ops")),
+                "copy_backs": (CopyBack, "copy_back", ("tensor", "issue_step", "start_step"))}
+        entries: dict[str, list] = {}
+        for key, (kind, prefix, names) in read.items():
+            entries[key] = []
+            for i, raw in enumerate(top.list(key)):
+                f = Fields(raw, f"plan.schedule.{key}[{i}]")
+                values = {name: json_int(f.raw(name)) for name in names}
+                f.no_extra()
+                try:  # the constructor checks the values; its message is placed in the file
+                    entries[key].append(kind(**values))
+                except ValidationError as exc:
+                    raise placed(exc, prefix, f.where) from None
         top.no_extra()
-        return cls(recompute_groups=tuple(groups), copy_backs=tuple(copies))
+        return cls(recompute_groups=tuple(entries["recompute_groups"]), copy_backs=tuple(entries["copy_backs"]))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
-from ._fields import Fields, read_json_file, write_text_atomic
+from ._fields import (
+    MAX_INT, Fields, check_int, check_number, check_text, json_float, json_int, placed, read_json_file, show,
+    write_text_atomic,
+)
 from .errors import ValidationError
 
 TIMELINE_FORMAT = "slackswap.timeline/1"
 
 STREAMS = ("compute", "d2h", "h2d")
 EVENT_KINDS = ("forward", "backward", "recompute", "copy_out", "copy_in", "stall_copy", "stall_memory")
+_EVENT_WHERE = "event"
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +34,15 @@ class Event:
     """Bytes allocated by the op, or moved by the copy."""
     step: int = -1
     """Backward step of the event (-1 during the forward pass)."""
+
+    def __post_init__(self) -> None:
+        # The simulator makes thousands per step: accept the plain valid case in one expression,
+        # and let _check_event name the problem (or accept an int for a float) otherwise.
+        if not (self.stream in STREAMS and self.kind in EVENT_KINDS and type(self.name) is str and self.name
+                and self.name.isascii() and type(self.start_s) is float and type(self.end_s) is float
+                and 0.0 <= self.start_s <= self.end_s < math.inf and type(self.size_bytes) is int
+                and 0 <= self.size_bytes <= MAX_INT and type(self.step) is int and -1 <= self.step <= MAX_INT):
+            _check_event(self, _EVENT_WHERE)
 
     @property
     def duration_s(self) -> float:
@@ -54,6 +68,9 @@ class Timeline:
     events: tuple[Event, ...] = ()
     memory: tuple[tuple[float, int], ...] = ()
     """(time_s, bytes in use) after every change of the saved-activation memory."""
+
+    def __post_init__(self) -> None:
+        _check_timeline(self)
 
     @property
     def throughput_pct(self) -> float:
@@ -86,30 +103,27 @@ class Timeline:
 
     @classmethod
     def from_dict(cls, data: Any) -> "Timeline":
+        """The timeline in ``data`` (JSON as ``to_dict`` writes it); the constructor checks the values."""
         f = Fields(data, "timeline")
         fmt = f.str("format", default=TIMELINE_FORMAT)
         if fmt != TIMELINE_FORMAT:
             raise ValidationError(f"timeline.format is {fmt!r}, expected {TIMELINE_FORMAT!r}")
         budget = f.obj.get("budget_bytes")
         f.used.add("budget_bytes")
-        if budget is not None:
-            budget = f.int("budget_bytes", positive=True)
         events = [_event(row, i) for i, row in enumerate(f.list("events"))]
         memory = []
         for i, row in enumerate(f.list("memory")):
             if not (isinstance(row, list) and len(row) == 2):
                 raise ValidationError(f"timeline.memory[{i}] must be [time_s, bytes]")
-            point = Fields(dict(zip(("time_s", "bytes"), row)), f"timeline.memory[{i}]")
-            memory.append((point.number("time_s"), point.int("bytes")))
-        timeline = cls(
-            workload_name=f.str("workload"), hardware_name=f.str("hardware"), policy=f.str("policy"),
-            budget_bytes=budget, step_time_s=f.number("step_time_s"), ideal_step_time_s=f.number("ideal_step_time_s"),
-            peak_memory_bytes=f.int("peak_memory_bytes"), d2h_bytes=f.int("d2h_bytes"), h2d_bytes=f.int("h2d_bytes"),
-            recompute_time_s=f.number("recompute_time_s"), stall_copy_s=f.number("stall_copy_s"),
-            stall_memory_s=f.number("stall_memory_s"), events=tuple(events), memory=tuple(memory),
-        )
+            memory.append((json_float(row[0]), json_int(row[1])))
+        values = {key: f.raw(key) for key in _TIMELINE_KEYS}
         f.no_extra()
-        return timeline
+        return cls(
+            workload_name=values["workload"], hardware_name=values["hardware"], policy=values["policy"],
+            budget_bytes=json_int(budget), events=tuple(events), memory=tuple(memory),
+            **{key: json_int(values[key]) for key in _INT_KEYS},
+            **{key: json_float(values[key]) for key in _SECONDS_KEYS},
+        )
 
     @classmethod
     def load(cls, path) -> "Timeline":
@@ -117,19 +131,57 @@ class Timeline:
 
 
 _EVENT_FIELDS = ("stream", "kind", "name", "start_s", "end_s", "size_bytes", "step")
+_SECONDS_KEYS = ("step_time_s", "ideal_step_time_s", "recompute_time_s", "stall_copy_s", "stall_memory_s")
+_INT_KEYS = ("peak_memory_bytes", "d2h_bytes", "h2d_bytes")
+_TIMELINE_KEYS = ("workload", "hardware", "policy") + _SECONDS_KEYS + _INT_KEYS
 
 
 def _event(row: Any, i: int) -> Event:
     where = f"timeline.events[{i}]"
     if not (isinstance(row, list) and len(row) == len(_EVENT_FIELDS)):
         raise ValidationError(f"{where} must be [{', '.join(_EVENT_FIELDS)}]")
-    f = Fields(dict(zip(_EVENT_FIELDS, row)), where)
-    stream, kind = f.str("stream"), f.str("kind")
-    if stream not in STREAMS:
-        raise ValidationError(f"{where}.stream is {stream!r}: use one of {', '.join(STREAMS)}")
-    if kind not in EVENT_KINDS:
-        raise ValidationError(f"{where}.kind is {kind!r}: use one of {', '.join(EVENT_KINDS)}")
-    start_s, end_s = f.number("start_s"), f.number("end_s")
-    if end_s < start_s:
-        raise ValidationError(f"{where} ends at {end_s!r} s, before it starts at {start_s!r} s")
-    return Event(stream, kind, f.str("name"), start_s, end_s, f.int("size_bytes"), f.int("step", minimum=-1))
+    stream, kind, name, start_s, end_s, size_bytes, step = row
+    try:
+        return Event(stream, kind, name, json_float(start_s), json_float(end_s), json_int(size_bytes),
+                     json_int(step))
+    except ValidationError as exc:  # the constructor's message, placed in the file
+        raise placed(exc, _EVENT_WHERE, where) from None
+
+
+def _check_event(e: Event, where: str) -> None:
+    """What an Event must hold, for the constructor and (through it) the loader."""
+    if e.stream not in STREAMS:
+        raise ValidationError(f"{where}.stream is {show(e.stream)}: use one of {', '.join(STREAMS)}")
+    if e.kind not in EVENT_KINDS:
+        raise ValidationError(f"{where}.kind is {show(e.kind)}: use one of {', '.join(EVENT_KINDS)}")
+    check_text(e.name, f"{where}.name")
+    check_number(e.start_s, f"{where}.start_s")
+    check_number(e.end_s, f"{where}.end_s")
+    if e.end_s < e.start_s:
+        raise ValidationError(f"{where} ends at {e.end_s!r} s, before it starts at {e.start_s!r} s")
+    check_int(e.size_bytes, f"{where}.size_bytes")
+    check_int(e.step, f"{where}.step", minimum=-1)
+
+
+def _check_timeline(t: Timeline) -> None:
+    """What a Timeline must hold, for the constructor and the loader alike (named by the file's keys)."""
+    for key, value in (("workload", t.workload_name), ("hardware", t.hardware_name), ("policy", t.policy)):
+        check_text(value, f"timeline.{key}")
+    if t.budget_bytes is not None:
+        check_int(t.budget_bytes, "timeline.budget_bytes", minimum=1)
+    for key in _SECONDS_KEYS:
+        check_number(getattr(t, key), f"timeline.{key}")
+    for key in _INT_KEYS:
+        check_int(getattr(t, key), f"timeline.{key}")
+    if not isinstance(t.events, tuple):
+        raise ValidationError(f"timeline.events must be a tuple of Events, got {type(t.events).__name__}")
+    for i, event in enumerate(t.events):
+        if not isinstance(event, Event):
+            raise ValidationError(f"timeline.events[{i}] must be an Event, got {show(event)}")
+    if not isinstance(t.memory, tuple):
+        raise ValidationError(f"timeline.memory must be a tuple of (time_s, bytes), got {type(t.memory).__name__}")
+    for i, point in enumerate(t.memory):
+        if not (isinstance(point, tuple) and len(point) == 2):
+            raise ValidationError(f"timeline.memory[{i}] must be [time_s, bytes], got {show(point)}")
+        check_number(point[0], f"timeline.memory[{i}].time_s")
+        check_int(point[1], f"timeline.memory[{i}].bytes")
