@@ -25,7 +25,7 @@ SCRIPT = textwrap.dedent("""
     from slackswap.sim import simulate, simulate_ideal
     from slackswap.workloads.models import build_model_workload
 
-    optimal.NODE_LIMIT = 50
+    optimal.NODE_LIMIT = 10
     hw = PRESETS["a100-80gb-pcie4"]
     w = build_model_workload("bert-large", hw, layers=4)
     low, peak = minimum_budget_bytes(w), simulate_ideal(w, hw).peak_memory_bytes

@@ -40,12 +40,14 @@ from __future__ import annotations
 import bisect
 import time
 
-from ..errors import require
+from ..errors import BudgetError, require
 from ..hardware import Hardware
 from ..plans import Action, Plan
+from ..units import format_bytes
 from ..workload import Workload
 from .common import Facts, block_layers, build, evaluate, facts_for, natural_peak_bytes, policy_cannot_fit, with_info
 from .copies import d2h_time_s
+from .rebuilds import Rebuild, rebuild_of_op, rebuilds_of
 from .selection import op_items
 
 ROUNDS = 4
@@ -122,6 +124,49 @@ class _Rows:
         self.upper.append(hi)
 
 
+CHAIN_DEPTH = 4
+"""Units a chain may pass through beyond its root (below), on workloads of at most
+CHAIN_DEPTH_UNITS decision units; 1 on larger ones. Deeper chains are forbidden, not modelled:
+the plan keeps something within this many links of every rebuild. On the 2-layer profiled
+models (38-51 units) depth 2 lost the plans at 30 % of the peak that depth 4 finds; on the
+built-in models (200-388 units) depth 4 made the MILP 3-10x slower to solve for the same plan."""
+CHAIN_DEPTH_UNITS = 150
+
+
+def _chains(facts: Facts, rebuilds: list[list[Rebuild]], unit_of: dict[str, int], depth: int
+            ) -> tuple[list[tuple[tuple[int, ...], Rebuild]], list[tuple[tuple[int, ...], int]]]:
+    """Chains: a rebuild of unit u that needs a tensor of unit v first used later (rebuilds.py),
+    while v is recomputed too, rebuilds v in u's group: v's bytes arrive at u's step, not at v's
+    own, and v's rebuild there needs what it needs at that step, and so on. Each chain is a path
+    u, v1, ..., vk of units and the rebuild of vk's producer at u's step; its variable
+    z >= r_u + r_v1 + ... + r_vk - k is 1 when every unit on the path is recomputed (continuous:
+    every row it enters only tightens, so a solution may take it at that bound). Returns the
+    chains, breadth first, and the extensions past ``depth`` units (path, unit): not allowed."""
+    w = facts.workload
+    found: list[tuple[tuple[int, ...], Rebuild]] = []
+    too_deep: list[tuple[tuple[int, ...], int]] = []
+    for u, per_unit in enumerate(rebuilds):
+        for root in per_unit:
+            level = [((u,), root)]
+            while level:
+                following = []
+                for path, rebuild in level:
+                    needed: dict[int, int] = {}  # producer op index -> its unit
+                    for t in rebuild.need_kept:
+                        if unit_of[t] not in path:
+                            needed[w.op_index[w.tensor_by_name[t].producer]] = unit_of[t]
+                    for producer, v in sorted(needed.items()):
+                        if len(path) > depth:
+                            too_deep.append((path, v))
+                            continue
+                        outs = frozenset(t for t in w.saved_outputs[producer] if unit_of.get(t) == v)
+                        chained = rebuild_of_op(facts, producer, root.at, outs)
+                        found.append((path + (v,), chained))
+                        following.append((path + (v,), chained))
+                level = following
+    return found, too_deep
+
+
 def _solve(facts: Facts, hardware: Hardware, units: list[tuple[str, ...]], limit_bytes: int) -> dict | None:
     """Solve the MILP for a memory limit; None when HiGHS finds no solution."""
     np = require("numpy", "milp", "the optimal planner")
@@ -134,16 +179,28 @@ def _solve(facts: Facts, hardware: Hardware, units: list[tuple[str, ...]], limit
     # workload's scale (HiGHS's feasibility tolerance is absolute, about 1e-7).
     scale = float(facts.input_bytes + sum(facts.size[t] for t in facts.candidates))
     size = [sum(facts.size[t] for t in u) / scale for u in units]
-    made = [max(facts.produced_at_s[t] for t in u) for u in units]
-    first_use = [min(facts.first_use_s[t] for t in u) for u in units]
+    # Seconds in units of the ideal step, for the same reason: profiled workloads have steps of
+    # microseconds, under HiGHS's absolute tolerances (its mip_abs_gap is 1e-6), which made any
+    # first incumbent look optimal.
+    time_unit = w.ideal_step_time_s if w.ideal_step_time_s > 0 else 1.0
+    made = [max(facts.produced_at_s[t] for t in u) / time_unit for u in units]
+    first_use = [min(facts.first_use_s[t] for t in u) / time_unit for u in units]
     # Op indices of backward readers: memory is counted per backward step (op index).
     last_reader = [min(w.last_bwd_reader[t] for t in u) for u in units]
     first_reader = [max(w.op_index[r] for t in u for r in w.tensor_by_name[t].bwd_readers) for u in units]
-    out_s = [sum(d2h_time_s(hardware, facts.size[t]) for t in u) for u in units]
-    back_s = [sum(hardware.copy_latency_s + facts.size[t] / hardware.h2d_bytes_per_s for t in u) for u in units]
-    rebuild_ops = sorted({i for u in units for t in u for i in facts.rebuild_ops[t]})
+    out_s = [sum(d2h_time_s(hardware, facts.size[t]) for t in u) / time_unit for u in units]
+    back_s = [sum(hardware.copy_latency_s + facts.size[t] / hardware.h2d_bytes_per_s for t in u) / time_unit
+              for u in units]
+    rebuilds = [rebuilds_of(facts, u) for u in units]
+    unit_of = {t: k for k, u in enumerate(units) for t in u}
+    depth = CHAIN_DEPTH if u_count <= CHAIN_DEPTH_UNITS else 1
+    chain_list, too_deep = _chains(facts, rebuilds, unit_of, depth)
+    rebuild_ops = sorted({i for per_unit in rebuilds for r in per_unit for i in r.ops}
+                         | {i for _, r in chain_list for i in r.ops})
     y_col = {op: 2 * u_count + k for k, op in enumerate(rebuild_ops)}
     n_y = len(rebuild_ops)
+    z_col0 = 2 * u_count + n_y
+    n_y += len(chain_list)  # z columns follow the y columns, bounded by [0, 1] like them
     # Auxiliary running sums: d2h suffix sums (production order), h2d prefix sums (use order),
     # bytes off per backward step.
     d2h_col = 2 * u_count + n_y
@@ -155,8 +212,13 @@ def _solve(facts: Facts, hardware: Hardware, units: list[tuple[str, ...]], limit
     rows = _Rows()
     for u in range(u_count):
         rows.add([(S(u), 1.0), (R(u), 1.0)], -np.inf, 1.0)
-        for op in sorted({i for t in units[u] for i in facts.rebuild_ops[t]}):
+        for op in sorted({i for r in rebuilds[u] for i in r.ops}):
             rows.add([(y_col[op], 1.0), (R(u), -1.0)], 0.0, np.inf)
+        # A rebuild re-runs only its ops if what it needs is on the device (rebuilds.py): not
+        # swapped and still on the host (r_u + s_v <= 1); recomputed is a chain (z, below).
+        for v in sorted({unit_of[t] for r in rebuilds[u] for t in r.need_kept}):
+            if v != u:  # a unit's own tensors already arrive at its latest first reader
+                rows.add([(R(u), 1.0), (S(v), 1.0)], -np.inf, 1.0)
     # Copies out: a_k = out_k s_k + a_{k+1} over production order; made_k + a_k <= forward time.
     by_made = sorted(range(u_count), key=lambda u: (made[u], u))
     for pos, u in enumerate(by_made):
@@ -164,7 +226,7 @@ def _solve(facts: Facts, hardware: Hardware, units: list[tuple[str, ...]], limit
         if pos + 1 < u_count:
             entries.append((d2h_col + pos + 1, -1.0))
         rows.add(entries, 0.0, 0.0)
-        rows.add([(d2h_col + pos, 1.0)], -np.inf, facts.forward_time_s - made[u])
+        rows.add([(d2h_col + pos, 1.0)], -np.inf, facts.forward_time_s / time_unit - made[u])
     # Copies back: b_k = b_{k-1} + back_k s_k over first-use order; b_k <= first use of k.
     by_use = sorted(range(u_count), key=lambda u: (first_use[u], u))
     for pos, u in enumerate(by_use):
@@ -195,8 +257,29 @@ def _solve(facts: Facts, hardware: Hardware, units: list[tuple[str, ...]], limit
         for u in by_first_reader.get(i, ()):
             entries += [(S(u), -size[u]), (R(u), -size[u])]
         rows.add(entries, 0.0, 0.0)
+    # A rebuild's group also holds its ops' saved outputs that were already freed, until it ends.
+    group_extra: dict[int, list[tuple[int, float]]] = {}
+    for u in range(u_count):
+        for r in rebuilds[u]:
+            if r.dead_extra_bytes:
+                group_extra.setdefault(r.at, []).append((R(u), -r.dead_extra_bytes / scale))
+    for k, (path, rebuild) in enumerate(chain_list):
+        col, v = z_col0 + k, path[-1]
+        rows.add([(col, 1.0)] + [(R(x), -1.0) for x in path], 1.0 - len(path), np.inf)
+        for op in rebuild.ops:
+            rows.add([(y_col[op], 1.0), (col, -1.0)], 0.0, np.inf)
+        for t in rebuild.need_kept:
+            if unit_of[t] not in path:
+                rows.add([(col, 1.0), (S(unit_of[t]), 1.0)], -np.inf, 1.0)
+        early = sum(facts.size[t] for t in rebuild.rebuilt) / scale
+        for i in range(first_reader[v] + 1, rebuild.at + 1):
+            group_extra.setdefault(i, []).append((col, -early))
+        if rebuild.dead_extra_bytes:
+            group_extra.setdefault(rebuild.at, []).append((col, -rebuild.dead_extra_bytes / scale))
+    for path, v in too_deep:
+        rows.add([(R(x), 1.0) for x in path + (v,)], -np.inf, float(len(path)))
     for i in range(n_ops + 1):
-        rows.add([(mem_col + i, 1.0)], inputs + held[i] - limit, np.inf)
+        rows.add([(mem_col + i, 1.0)] + group_extra.get(i, []), inputs + held[i] - limit, np.inf)
     # Forward memory at the start of each op i (its outputs just allocated): every unit made so far,
     # minus the units already gone: a recompute after its last forward use, a swap after that and
     # after its own copy out could end (made + its copy time; earlier copies in the FIFO may delay
@@ -204,7 +287,7 @@ def _solve(facts: Facts, hardware: Hardware, units: list[tuple[str, ...]], limit
     starts, now = [], 0.0
     for op in w.ops:
         starts.append(now)
-        now += op.fwd_time_s
+        now += op.fwd_time_s / time_unit
     made_op = [max(w.op_index[w.tensor_by_name[t].producer] for t in u) for u in units]
     last_fwd = [max(w.last_fwd_use[t] for t in u) for u in units]
     gone_rec: dict[int, list[int]] = {}
@@ -231,7 +314,7 @@ def _solve(facts: Facts, hardware: Hardware, units: list[tuple[str, ...]], limit
     matrix = sparse.csr_array((rows.vals, (rows.rows, rows.cols)), shape=(len(rows.lower), n_vars))
     objective = np.zeros(n_vars)
     for op, col in y_col.items():
-        objective[col] = w.ops[op].fwd_time_s
+        objective[col] = w.ops[op].fwd_time_s / time_unit
     integrality = np.zeros(n_vars)
     integrality[: 2 * u_count] = 1
     upper = np.full(n_vars, np.inf)
@@ -251,8 +334,9 @@ def _solve(facts: Facts, hardware: Hardware, units: list[tuple[str, ...]], limit
         if action is not None:
             actions.update({t: action for t in names})
     dual = getattr(result, "mip_dual_bound", None)
-    return {"actions": actions, "objective_s": float(result.fun), "solve_s": solve_s,
-            "dual_bound_s": float(dual) if dual is not None else float(result.fun),
+    objective_s = float(result.fun) * time_unit
+    return {"actions": actions, "objective_s": objective_s, "solve_s": solve_s,
+            "dual_bound_s": float(dual) * time_unit if dual is not None else objective_s,
             "gap": float(getattr(result, "mip_gap", 0.0) or 0.0), "proven": bool(result.status == 0),
             "variables": n_vars, "binaries": 2 * u_count, "rows": len(rows.lower)}
 
@@ -296,9 +380,13 @@ def plan_optimal(workload: Workload, hardware: Hardware, budget_bytes: int) -> P
             break
         margin += peak - budget_bytes
     if best is None:
-        plan = build(workload, hardware, {n: Action.RECOMPUTE for n in facts.candidates}, "optimal", budget_bytes)
-        raise policy_cannot_fit("optimal", budget_bytes, natural_peak_bytes(workload, hardware, plan),
-                                "raise the budget")
+        if rounds:
+            raise policy_cannot_fit("optimal", budget_bytes, min(r["peak_bytes"] for r in rounds),
+                                    "the lowest peak of its MILP plans: raise the budget")
+        raise BudgetError(
+            f"policy optimal cannot fit {format_bytes(budget_bytes)} ({budget_bytes} bytes): its MILP has no "
+            "solution there (its model hides every copy behind compute and has no stalls); raise the budget "
+            "or use slackswap or capuchin, which may fit with stalls")
     cand, solved, margin = best
     ideal = workload.ideal_step_time_s
     return with_info(
