@@ -6,7 +6,8 @@ placement after it.
   forward node of an activation (RECOMPUTE tensors, tensors no backward reads, and views of a SWAP
   tensor, which backward re-derives from the copy brought back) is ``MUST_RECOMPUTE``. PyTorch's
   default partitioner then saves exactly the MUST_SAVE nodes backward needs and re-runs the others in
-  the backward graph, each just before its first use.
+  the backward graph, each just before its first use. Nodes that gather parameters inside the graph
+  (graph_workload.py) are parameters, not activations: they keep whatever tag the model gave them.
 * The plan re-runs a recompute group at the backward step that needs it and drops the group's
   transient results afterwards; PyTorch's backward graph computes a node once and keeps it until its
   last use. Where a transient node feeds groups of two different steps, it is cloned in the backward
@@ -40,8 +41,8 @@ def tag_joint_graph(joint: fx.GraphModule, graph_workload: GraphWorkload, plan: 
     base = graph_workload.base_node
     actions = plan.actions
     for node in joint.graph.nodes:
-        if not is_forward_op_node(node):
-            continue
+        if not is_forward_op_node(node) or node.name in graph_workload.gathered_nodes:
+            continue  # a gathered parameter keeps the model's tag (FSDP-style reshard after forward)
         node.meta.pop("ac_graph_id", None)  # the plan replaces any checkpointing inside the model
         node.meta.pop("should_offload", None)
         storage = storage_of.get(node.name)

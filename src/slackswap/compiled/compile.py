@@ -53,6 +53,8 @@ def compile_with_plan(model: torch.nn.Module, batch: Any = None, loss_fn: Any = 
                               "(each new shape compiles and plans one more graph)")
     compile_kwargs["dynamic"] = False
     budget = _as_fraction(budget)
+    if plan is None and not isinstance(budget, float):
+        _refuse_bytes_for_fsdp(model, budget)
     if plan is not None:
         make = plan_lookup([plan] if isinstance(plan, Plan) else list(plan))
     else:
@@ -61,6 +63,7 @@ def compile_with_plan(model: torch.nn.Module, batch: Any = None, loss_fn: Any = 
                 _refuse_graph_break(partitioner, budget)
             return plan_fn(workload, hw, _graph_share(workload, hw, budget), policy)
 
+    _fsdp_buffers_are_state(model)
     partitioner = PlanningPartitioner(hw, make, name=type(model).__name__)
     compiled = torch.compile(model, backend=make_backend(partitioner, backend), **compile_kwargs)
     object.__setattr__(compiled, "slackswap", CompiledPlans(partitioner))
@@ -136,6 +139,32 @@ def _refuse_graph_break(partitioner: PlanningPartitioner, budget) -> None:
         f"in bytes ({budget!r}) cannot be shared among graphs planned one at a time: give the budget as a "
         "fraction (each graph gets that fraction of its own peak) or remove the graph break (fullgraph=True "
         "names its cause)")
+
+
+def _refuse_bytes_for_fsdp(model: torch.nn.Module, budget) -> None:
+    """FSDP2 runs its hooks outside torch.compile's graphs (they are excluded from tracing), so each
+    fully_shard unit's forward compiles as its own graph, and one graph may serve several units
+    (every block of a stack): a budget in bytes would be given to each of them."""
+    from ..profiler.fsdp import fsdp_units
+
+    units = fsdp_units(getattr(model, "_orig_mod", model))
+    if units:
+        raise BudgetError(
+            f"slackswap.compile on an FSDP2 model: each fully_shard unit ({len(units)} here) compiles as its own "
+            f"graph, and a budget in bytes ({budget!r}) cannot be shared among graphs planned one at a time: give "
+            "the budget as a fraction (each graph gets that fraction of its own peak)")
+
+
+def _fsdp_buffers_are_state(model: torch.nn.Module) -> None:
+    """torch.compile passes the buffers of a fully_shard unit (which FSDP does not shard) as ordinary
+    graph inputs, not as the static module state it passes for an unsharded model; marking them static
+    (unguarded, as torch._dynamo.mark_static_address does) makes them state, not step inputs, in the
+    graph's workload, as without FSDP."""
+    from ..profiler.fsdp import fsdp_units
+
+    if fsdp_units(model):
+        for buffer in model.buffers():
+            torch._dynamo.mark_static_address(buffer, guard=False)
 
 
 def _graph_end(graph: CompiledGraph) -> str:

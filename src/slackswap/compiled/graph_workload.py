@@ -7,7 +7,9 @@
   transpose or a split output shares its base's fake storage, so it is the same tensor. A tensor is
   named after the first node that produced its storage (its *base node*). Parameters and buffers
   (the graph's static-lifetime inputs) are not activations and are left out; the other graph inputs
-  (the batch) are step inputs.
+  (the batch) are step inputs. Parameters a graph gathers itself (a collective of parameter shards,
+  as a traced FSDP or DTensor all-gather, and the ops that compute only from gathered results, such
+  as its wait and copy-out) are parameters too: they are named in ``gathered_nodes`` and left out.
 * **bwd_readers**: a backward node reads the storages of its forward inputs. AOTAutograd gives every
   backward node the ``seq_nr`` of the forward op whose derivative formula made it; the reader is the
   last forward op with that ``seq_nr`` (a backward node without one is attributed to the latest
@@ -48,6 +50,8 @@ class GraphWorkload:
     """AOTAutograd seq_nr -> workload op whose backward carries it."""
     end_source: str
     """Source line ('File "...", line N, in f') of the graph's last forward op that records one."""
+    gathered_nodes: frozenset[str] = frozenset()
+    """Forward nodes that gather parameters (collectives of parameter shards and what computes only from them)."""
 
 
 def is_backward_node(node: fx.Node) -> bool:
@@ -70,6 +74,13 @@ def tag_untagged_backward(graph: fx.Graph) -> None:
     for node in reversed(untagged):
         if "partitioner_tag" not in node.meta and node.users and all(is_backward_node(u) for u in node.users):
             node.meta["partitioner_tag"] = "is_backward"
+
+
+_COLLECTIVE_NAMESPACES = ("_c10d_functional", "c10d_functional")
+
+
+def _is_collective(node: fx.Node) -> bool:
+    return getattr(node.target, "namespace", None) in _COLLECTIVE_NAMESPACES
 
 
 def _fake_storage(value: Any):
@@ -138,6 +149,8 @@ def build_graph_workload(joint: fx.GraphModule, static_input_indices, hardware: 
         primal_index += 1
 
     forward = [n for n in graph.nodes if is_forward_op_node(n)]
+    gathered = _gathered_parameters(forward, parameter_storages)
+    forward = [n for n in forward if n.name not in gathered]
     op_nodes = [n for n in forward if n.target is not operator.getitem]
     op_index = {n.name: i for i, n in enumerate(op_nodes)}
     outputs: dict[str, list[str]] = {n.name: [] for n in op_nodes}
@@ -227,7 +240,32 @@ def build_graph_workload(joint: fx.GraphModule, static_input_indices, hardware: 
         meta={"source": "slackswap.compiled", "times": f"roofline on {hardware.name}"},
     )
     return GraphWorkload(workload=workload, storage_of_node=storage_of_node, base_node=base_node,
-                         op_of_seq_nr=op_of_seq_nr, end_source=_end_source(op_nodes))
+                         op_of_seq_nr=op_of_seq_nr, end_source=_end_source(op_nodes), gathered_nodes=frozenset(gathered))
+
+
+def _gathered_parameters(forward: list[fx.Node], parameter_storages: set) -> set[str]:
+    """Names of the forward nodes that gather parameters; their storages join ``parameter_storages``.
+
+    A node is gathered when it is a collective whose tensor inputs are all parameters or gathered,
+    or any op whose tensor inputs are all gathered (the collective's wait, a copy-out of the
+    gathered buffer, a getitem of either). A parameter used in a computation without a collective
+    (``weight * 2``) is not gathered: its result is an activation, as without FSDP."""
+    gathered: set[str] = set()
+    gathered_storages: set = set()
+    for node in forward:
+        sources = [a for a in node.all_input_nodes if isinstance(a.meta.get("val"), (torch.Tensor, tuple, list))]
+        if not sources:
+            continue
+        storages = [_fake_storage(a.meta.get("val")) for a in sources]
+        from_gathered = all(a.name in gathered for a in sources)
+        from_parameters = all(a.name in gathered or k in parameter_storages for a, k in zip(sources, storages))
+        if from_gathered or (_is_collective(node) and from_parameters):
+            gathered.add(node.name)
+            key = _fake_storage(node.meta.get("val"))
+            if key is not None:
+                gathered_storages.add(key)
+    parameter_storages |= gathered_storages
+    return gathered
 
 
 def _end_source(op_nodes: list[fx.Node]) -> str:
