@@ -85,6 +85,37 @@ def test_one_rank_trains_bit_for_bit_under_a_mixed_plan(process_group):
     assert stats.d2h_bytes > 0 and stats.recompute_ops > 0 and stats.fsdp_regathers > 0, stats
 
 
+def sharded_gpt2_with(option: str):
+    """The example GPT-2 sharded with one of FSDP2's options: bf16 parameters for compute
+    (MixedPrecisionPolicy), sharded parameters held on the host (CPUOffloadPolicy), or each block's
+    attention and MLP as one unit (fully_shard of a list of modules)."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+    model = make_example("gpt2")
+    kwargs = {"mixed-precision": {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                                                    reduce_dtype=torch.float32)},
+              "cpu-offload": {"offload_policy": CPUOffloadPolicy(pin_memory=False)}}.get(option, {})
+    for block in model.h:
+        fully_shard([block.attn, block.mlp] if option == "module-list" else block, **kwargs)
+    return fully_shard(model, **kwargs)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("option", ["mixed-precision", "cpu-offload", "module-list"])
+def test_one_rank_trains_bit_for_bit_with_fsdp_options(process_group, option):
+    batches = [make_batch(seed=s) for s in range(3)]
+    reference = train(sharded_gpt2_with(option), batches)
+    model = sharded_gpt2_with(option)
+    workload = profile_model(model, batches[0], loss_fn, repeats=1)
+    if option == "mixed-precision":  # the activations are bf16: half the float32 model's bytes
+        float32 = profile_model(sharded_gpt2(), batches[0], loss_fn, repeats=1)
+        assert workload.saved_bytes < float32.saved_bytes
+    runtime = slackswap.apply(model, plan_for(workload, "mixed"))
+    assert same(train(model, batches, runtime), reference)
+    stats = runtime.stats
+    assert stats.d2h_bytes > 0 and stats.recompute_ops > 0 and stats.fsdp_regathers > 0, stats
+
+
 def test_two_dimensional_mesh_and_checkpoint_backend_are_refused(process_group):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -144,3 +175,65 @@ def test_two_ranks_train_bit_for_bit(tmp_path):
         # gathers the block again: the runtime gathered it
         assert result["swap"][3] == 0 and result["recompute"][3] > 0
         assert result["different plans"].startswith("slackswap.apply on an FSDP2 model: rank 1 applies another plan")
+
+
+# ---- slackswap.auto on FSDP2: two lengths alternating ----------------------------------------------
+AUTO_LENGTHS = (16, 8, 16)
+
+
+def _auto_rank(rank: int, world: int, store: str, out: str, cache: str) -> None:
+    """One rank of test_auto_two_ranks_two_lengths (module level: spawn imports it by name)."""
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        batches = [tuple(t[:, :n].contiguous() for t in make_batch(seed=10 * rank + i))
+                   for i, n in enumerate(AUTO_LENGTHS)]  # each rank its own data, the same lengths
+        reference = train(sharded_gpt2(), batches)
+        model = sharded_gpt2()
+        auto = slackswap.auto(model, loss_fn, budget=0.5, policy="capuchin", cache_dir=cache, repeats=1)
+
+        def step(batch):
+            value = loss_fn(model, batch)
+            value.backward()
+            return value
+
+        result = {"identical": None}
+        plans = []
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        torch.manual_seed(1234)  # as runtime_helpers.train
+        losses = []
+        for batch in batches:
+            opt.zero_grad(set_to_none=True)
+            with auto(batch):
+                losses.append(step(batch).detach().clone())
+            plans.append(auto.entries(batch)[1][0].plan.to_json())
+            opt.step()
+        params = list(model.parameters())
+        mine = (losses, [local(p.grad) for p in params], [local(p.detach()).clone() for p in params])
+        result["identical"] = same(mine, reference)
+        result["stats"] = (auto.stats.profiles, auto.stats.steps, auto.stats.disk_hits)
+        result["plans"] = plans
+        # Ranks stepping on different lengths are refused on every rank, before any step.
+        try:
+            auto(batches[rank])
+            result["different lengths"] = "accepted"
+        except PlanMismatchError as error:
+            result["different lengths"] = str(error)
+        torch.save(result, f"{out}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_auto_two_ranks_two_lengths(tmp_path):
+    import torch.multiprocessing as mp
+
+    cache = tmp_path / "plans"
+    mp.spawn(_auto_rank, args=(2, str(tmp_path / "store"), str(tmp_path / "result"), str(cache)), nprocs=2)
+    results = [torch.load(tmp_path / f"result.{rank}") for rank in range(2)]
+    for result in results:
+        assert result["identical"]
+        assert result["stats"] == (2, 3, 0)  # each length profiled once on each rank
+        assert result["plans"][0] == result["plans"][2] != result["plans"][1]
+        assert result["different lengths"].startswith("slackswap.auto on an FSDP2 model: rank 1 steps on a batch")
+    assert results[0]["plans"] == results[1]["plans"]  # every rank applies rank 0's plan
+    assert len(list(cache.iterdir())) == 2  # written once, by rank 0

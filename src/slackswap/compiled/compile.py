@@ -63,8 +63,8 @@ def compile_with_plan(model: torch.nn.Module, batch: Any = None, loss_fn: Any = 
                 _refuse_graph_break(partitioner, budget)
             return plan_fn(workload, hw, _graph_share(workload, hw, budget), policy)
 
-    _fsdp_buffers_are_state(model)
-    partitioner = PlanningPartitioner(hw, make, name=type(model).__name__)
+    sharded = _fsdp_buffers_are_state(model)
+    partitioner = PlanningPartitioner(hw, make, name=type(model).__name__, unit_graphs=sharded)
     compiled = torch.compile(model, backend=make_backend(partitioner, backend), **compile_kwargs)
     object.__setattr__(compiled, "slackswap", CompiledPlans(partitioner))
     if batch is not None and loss_fn is not None:
@@ -147,7 +147,7 @@ def _refuse_bytes_for_fsdp(model: torch.nn.Module, budget) -> None:
     (every block of a stack): a budget in bytes would be given to each of them."""
     from ..profiler.fsdp import fsdp_units
 
-    units = fsdp_units(getattr(model, "_orig_mod", model))
+    units = fsdp_units(model)
     if units:
         raise BudgetError(
             f"slackswap.compile on an FSDP2 model: each fully_shard unit ({len(units)} here) compiles as its own "
@@ -155,16 +155,18 @@ def _refuse_bytes_for_fsdp(model: torch.nn.Module, budget) -> None:
             "the budget as a fraction (each graph gets that fraction of its own peak)")
 
 
-def _fsdp_buffers_are_state(model: torch.nn.Module) -> None:
+def _fsdp_buffers_are_state(model: torch.nn.Module) -> bool:
     """torch.compile passes the buffers of a fully_shard unit (which FSDP does not shard) as ordinary
     graph inputs, not as the static module state it passes for an unsharded model; marking them static
     (unguarded, as torch._dynamo.mark_static_address does) makes them state, not step inputs, in the
-    graph's workload, as without FSDP."""
+    graph's workload, as without FSDP. True when ``model`` is FSDP2-sharded."""
     from ..profiler.fsdp import fsdp_units
 
-    if fsdp_units(model):
-        for buffer in model.buffers():
-            torch._dynamo.mark_static_address(buffer, guard=False)
+    if not fsdp_units(model):
+        return False
+    for buffer in model.buffers():
+        torch._dynamo.mark_static_address(buffer, guard=False)
+    return True
 
 
 def _graph_end(graph: CompiledGraph) -> str:

@@ -14,6 +14,8 @@
   backward node the ``seq_nr`` of the forward op whose derivative formula made it; the reader is the
   last forward op with that ``seq_nr`` (a backward node without one is attributed to the latest
   producer among the storages it reads, which makes it read them no later than it really does).
+* **Layers** come from each node's module path (``h.3.attn`` is in block 3). On an FSDP2 model each
+  fully_shard unit compiles alone, and a graph with no node in a numbered block is one block, layer 0.
 * **Times** are roofline estimates on the chosen hardware from each node's FLOPs
   (``torch.utils.flop_counter``'s formula registry, the one ``FlopCounterMode`` uses) and the bytes of
   its tensor arguments and results; backward = 2x forward for ops with a backward, as the profiler does.
@@ -118,8 +120,9 @@ def _layer(node: fx.Node) -> int | None:
 
 
 def build_graph_workload(joint: fx.GraphModule, static_input_indices, hardware: Hardware, *,
-                         name: str) -> GraphWorkload:
-    """The Workload of ``joint`` (AOTAutograd's joint graph) with roofline times on ``hardware``."""
+                         name: str, unit_graphs: bool = False) -> GraphWorkload:
+    """The Workload of ``joint`` (AOTAutograd's joint graph) with roofline times on ``hardware``.
+    ``unit_graphs``: the model is FSDP2-sharded, so a graph without numbered blocks is one unit."""
     graph = joint.graph
     tag_untagged_backward(graph)
     static = set(static_input_indices or ())
@@ -206,6 +209,10 @@ def build_graph_workload(joint: fx.GraphModule, static_input_indices, hardware: 
                 bucket.append(op_name)
 
     layers = [_layer(n) for n in op_nodes]
+    if unit_graphs and not any(l is not None for l in layers):
+        # An FSDP2 model's graph with no op inside a numbered block is one fully_shard unit's forward:
+        # one block, which layer-wise policies such as full-recompute checkpoint whole.
+        layers = [0] * len(op_nodes)
     known = [l for l in layers if l is not None]
     last_layer = max(known) + 1 if known else 0
     first_layered = next((i for i, l in enumerate(layers) if l is not None), len(op_nodes))

@@ -53,8 +53,10 @@ class PlanningPartitioner:
     """AOTAutograd partition function: profile the joint graph, plan it, tag it, partition it with
     PyTorch's default partitioner, then insert the plan's copies. One instance per ``slackswap.compile``."""
 
-    def __init__(self, hardware: Hardware, make_plan: PlanFn, *, name: str) -> None:
+    def __init__(self, hardware: Hardware, make_plan: PlanFn, *, name: str, unit_graphs: bool = False) -> None:
         self.hardware = hardware
+        self.unit_graphs = unit_graphs
+        """The model is FSDP2-sharded: a graph without numbered blocks is one fully_shard unit (graph_workload.py)."""
         self.make_plan = make_plan
         self.name = name
         self.graphs: list[CompiledGraph] = []
@@ -64,7 +66,8 @@ class PlanningPartitioner:
     def __call__(self, joint: fx.GraphModule, joint_inputs: Sequence[Any], *, num_fwd_outputs: int,
                  static_lifetime_input_indices: list[int] | None = None, **_: Any):
         graph_workload = build_graph_workload(
-            joint, static_lifetime_input_indices, self.hardware, name=f"{self.name}.graph{len(self.graphs)}")
+            joint, static_lifetime_input_indices, self.hardware, name=f"{self.name}.graph{len(self.graphs)}",
+            unit_graphs=self.unit_graphs)
         workload = graph_workload.workload
         if any(t.producer is not None for t in workload.saved_tensors):
             plan = self.make_plan(workload)

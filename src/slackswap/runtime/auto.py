@@ -13,6 +13,13 @@ ones lets a model skip masking): the profiled ops then differ, and the runtime r
 PlanMismatchError during the forward, before any gradient. ``AutoRuntime.step`` catches it,
 restores the RNG streams and buffers, profiles the batch as another *variant* of the signature
 and runs the step again; the ``with auto(batch):`` form lets the error through.
+
+On an FSDP2 (fully_shard) model in a process group of more than one rank, profiling runs FSDP's
+collectives and the runtime may gather parameters for a recompute, so the ranks act together: each
+step they check that they all step on batches of one signature (else PlanMismatchError, on every
+rank); a new signature is looked up in ``cache_dir`` by rank 0 only and, when absent, profiled on
+every rank; rank 0 plans from its profile and sends the (workload, plan) pair to every rank, and
+only rank 0 writes the cache file. Every rank then applies the same plan.
 """
 
 from __future__ import annotations
@@ -97,6 +104,7 @@ class AutoRuntime:
         self.warmup, self.repeats = warmup, repeats
         self.stats = AutoStats()
         self._variants: dict[str, list[_Entry]] = {}
+        self._group = _fsdp_group(model)
 
     # ---- keys and the caches -----------------------------------------------------------------
     def key(self, batch: Any) -> str:
@@ -112,6 +120,19 @@ class AutoRuntime:
         return os.path.join(self.cache_dir, f"{key}-{variant}.json")
 
     def _load(self, key: str) -> list[_Entry]:
+        if self._group is None:
+            return self._read(key)
+        # rank 0 reads: another rank must not skip a profile (a collective) rank 0 runs
+        shared = [[(e.workload.to_dict(), e.plan.to_dict(e.workload)) for e in self._read(key)]
+                  if self._group.rank == 0 else None]
+        self._group.broadcast(shared)
+        entries = [_Entry(Workload.from_dict(w), Plan.from_dict(p)) for w, p in shared[0]]
+        if entries and self._group.rank != 0:
+            self.stats.disk_hits += 1
+            self.stats.signatures.append(key)
+        return entries
+
+    def _read(self, key: str) -> list[_Entry]:
         entries: list[_Entry] = []
         if self.cache_dir is None:
             return entries
@@ -132,7 +153,12 @@ class AutoRuntime:
         start = time.perf_counter()
         workload = profile_model(self.model, batch, self.loss_fn, warmup=self.warmup, repeats=self.repeats)
         planned = time.perf_counter()
-        plan = self._plan(workload)
+        if self._group is None:
+            plan = self._plan(workload)
+        else:  # rank 0's profile and plan for every rank: the ranks' timings differ, their plans must not
+            shared = [(workload.to_dict(), self._plan(workload).to_dict(workload)) if self._group.rank == 0 else None]
+            self._group.broadcast(shared)
+            workload, plan = Workload.from_dict(shared[0][0]), Plan.from_dict(shared[0][1])
         done = time.perf_counter()
         self.stats.profiles += 1
         self.stats.profile_time_s += planned - start
@@ -141,7 +167,7 @@ class AutoRuntime:
         entry = _Entry(workload, plan)
         variants = self._variants.setdefault(key, [])
         variants.append(entry)
-        if self.cache_dir is not None:
+        if self.cache_dir is not None and (self._group is None or self._group.rank == 0):
             os.makedirs(self.cache_dir, exist_ok=True)
             text = json.dumps({"workload": workload.to_dict(), "plan": plan.to_dict(workload)})
             write_text_atomic(self._path(key, len(variants) - 1), text + "\n")
@@ -163,6 +189,8 @@ class AutoRuntime:
     def entries(self, batch: Any) -> tuple[str, list[_Entry]]:
         """The key of ``batch`` and its known variants (read from ``cache_dir`` the first time)."""
         key = self.key(batch)
+        if self._group is not None:
+            self._group.check_same_key(key)
         if key not in self._variants:
             self._variants[key] = self._load(key)
         return key, self._variants[key]
@@ -230,3 +258,42 @@ class _RngAndBuffers:
             for name, b in self.model.named_buffers():
                 b.copy_(self.buffers[name])
 
+
+
+@dataclass(frozen=True)
+class _RankGroup:
+    """The default process group, as an FSDP2 model's ranks agree through it."""
+
+    rank: int
+    world_size: int
+
+    def broadcast(self, objects: list) -> None:
+        import torch.distributed as dist
+
+        dist.broadcast_object_list(objects, src=0)
+
+    def check_same_key(self, key: str) -> None:
+        import torch.distributed as dist
+
+        keys: list = [None] * self.world_size
+        dist.all_gather_object(keys, key)
+        others = [rank for rank, k in enumerate(keys) if k != keys[0]]
+        if others:
+            raise PlanMismatchError(
+                f"slackswap.auto on an FSDP2 model: rank {others[0]} steps on a batch of another signature than "
+                "rank 0 (shapes, dtypes or structure differ); every rank must run the same plan: pad the batches "
+                "of one step to the same shapes on every rank")
+
+
+def _fsdp_group(model: torch.nn.Module) -> _RankGroup | None:
+    """A _RankGroup when ``model`` is FSDP2-sharded in a process group of more than one rank."""
+    from ..profiler.fsdp import fsdp_units
+    from ..profiler.model_support import unwrap_model
+
+    if not fsdp_units(unwrap_model(model, "slackswap.auto")):
+        return None
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return None
+    return _RankGroup(dist.get_rank(), dist.get_world_size())
