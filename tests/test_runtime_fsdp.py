@@ -8,6 +8,10 @@
   re-runs layers whose parameters FSDP freed after forward, so the runtime gathers them again.
 - Ranks that apply different plans are refused on every rank; a 2-D mesh and the checkpoint
   backend are refused with one line naming the fix.
+- One rank under FSDP2's options (bf16 MixedPrecisionPolicy, CPUOffloadPolicy, a unit of a module
+  list) trains bit for bit under a mixed plan (slow).
+- slackswap.auto with two ranks and two lengths alternating: one profile per length per rank, the
+  same plans on both ranks, bit-identical training; ranks on different lengths are refused (slow).
 """
 
 from __future__ import annotations
