@@ -186,7 +186,7 @@ def test_unknown_backend_and_misplaced_hardware_are_errors(profiled):
     with pytest.raises(ValidationError, match="unknown runtime backend 'sac'"):
         slackswap.apply(base, plan, backend="sac", workload=workload)
     with pytest.raises(ValidationError, match="checkpoint"):
-        slackswap.apply(base, plan, workload=workload, hardware=HW)
+        slackswap.apply(base, plan, workload=workload, hardware=HW, backend="replay")
 
 
 class _UserBug(Exception):

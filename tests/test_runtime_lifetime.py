@@ -99,7 +99,7 @@ def test_double_backward_is_refused_by_name(gpt2):
     model, batch, workload = gpt2
     plan = slackswap.plan(workload, budget=0.7, policy="full-recompute")
     with pytest.raises(RuntimeUsageError, match="create_graph=True"):
-        with slackswap.apply(model, plan, workload=workload):
+        with slackswap.apply(model, plan, workload=workload, backend="replay"):
             loss_fn(model, batch).backward(create_graph=True)
     model.zero_grad(set_to_none=True)
 
@@ -111,7 +111,7 @@ def test_a_second_model_call_in_one_step_is_refused_by_name():
     workload = profile_model(model, x, lambda m, b: m(b).pow(2).mean(), repeats=1, warmup=0)
     plan = slackswap.plan(workload, budget=1.0, policy="ideal")
     with pytest.raises(RuntimeUsageError, match="called again during its step"):
-        with slackswap.apply(model, plan, workload=workload):
+        with slackswap.apply(model, plan, workload=workload, backend="replay"):
             (model(x) + model(x)).pow(2).mean().backward()
 
 
@@ -190,7 +190,7 @@ def test_backward_of_an_earlier_forward_names_the_second_model_call(gpt2):
     model, batch, workload = gpt2
     plan = slackswap.plan(workload, budget=0.7, policy="full-recompute")
     with pytest.raises(slackswap.errors.StaleStepError, match="calls the model twice"):
-        with slackswap.apply(model, plan, workload=workload):
+        with slackswap.apply(model, plan, workload=workload, backend="replay"):
             (loss_fn(model, batch) + loss_fn(model, batch)).backward()
     model.zero_grad(set_to_none=True)
 

@@ -62,7 +62,9 @@ def test_planner_plan_runs_exactly_as_planned(profiled, kind, policy, budget):
 
     reference, planned = copy.deepcopy(base), copy.deepcopy(base)
     ref_losses, ref_grads = train(reference, batches)
-    runtime = slackswap.apply(planned, plan, workload=workload)  # a copy of the profiled model: name the profile
+    # A copy of the profiled model: name the profile. The replay path's manager records the schedule
+    # as run (the fast paths backend="auto" takes are checked in tests/test_runtime_paths.py).
+    runtime = slackswap.apply(planned, plan, workload=workload, backend="replay")
     losses, grads = train(planned, batches, runtime)
     assert all(torch.equal(a, b) for a, b in zip(ref_losses, losses))
     assert ref_grads.keys() == grads.keys()
@@ -156,7 +158,7 @@ def test_recomputing_tensors_written_in_place_reruns_the_writes_and_the_rng():
 
     ref = run(copy.deepcopy(base))
     planned = copy.deepcopy(base)
-    runtime = apply_plan(planned, plan, workload)
+    runtime = apply_plan(planned, plan, workload, backend="replay")  # replays the recorded writes and RNG
     got = run(planned, runtime)
     assert all(torch.equal(a, b) for a, b in zip(ref[0], got[0]))
     assert all(torch.equal(a, b) for a, b in zip(ref[1], got[1]))

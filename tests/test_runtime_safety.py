@@ -308,7 +308,7 @@ def test_device_oom_in_a_recompute_names_the_rebuilt_tensor(gpt2, monkeypatch):
         return recipe
 
     monkeypatch.setattr(ForwardRecorder, "_record", record)
-    runtime = slackswap.apply(planned, plan, workload=workload)
+    runtime = slackswap.apply(planned, plan, workload=workload, backend="replay")  # the recipes' replay
     with pytest.raises(RuntimeMemoryError) as info:
         one_step(planned, batches[0], runtime)
     monkeypatch.setattr(ForwardRecorder, "_record", real_record)

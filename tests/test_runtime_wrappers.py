@@ -229,7 +229,7 @@ def test_dynamo_compiles_nothing_under_the_runtime():
     model = make_example("gpt2")
     batch = make_batch(seed=0)
     workload = profile_model(model, batch, loss_fn, repeats=1)
-    runtime = slackswap.apply(model, every(workload, "keep"), workload=workload)
+    runtime = slackswap.apply(model, every(workload, "keep"), workload=workload, backend="replay")
     torch._dynamo.reset()
     counters.clear()
     with warnings.catch_warnings():

@@ -121,11 +121,13 @@ def profile(model: Any, example_batch: Any, loss_fn: Any, **options: Any) -> Wor
     return profile_model(model, example_batch, loss_fn, **options)
 
 
-def apply(model: Any, plan: Plan, *, backend: str = "replay", **options: Any):
+def apply(model: Any, plan: Plan, *, backend: str = "auto", **options: Any):
     """Context manager: train ``model`` under ``plan`` (needs the torch extra).
 
-    ``backend="replay"`` (default) runs any plan exactly; ``backend="checkpoint"`` recomputes through
-    torch.utils.checkpoint and refuses plans it cannot run as planned (docs/runtime.md, Backends)."""
+    ``backend="auto"`` (default) takes the fastest path that runs the plan exactly (the runtime's
+    ``path``: "keep", "checkpoint" or "replay"); ``backend="replay"`` runs any plan exactly;
+    ``backend="checkpoint"`` recomputes through torch.utils.checkpoint and refuses plans it cannot
+    run as planned (docs/runtime.md, Backends)."""
     from .errors import require
 
     require("torch", "torch", "running a plan on a PyTorch model")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import PlanMismatchError, UnsupportedModelError, ValidationError
+from ..hardware import DEFAULT_HARDWARE, get_hardware
 from ..plans import Plan
 from ..profiler.fsdp import FsdpUnits
 from ..profiler.model_support import unwrap_model
@@ -13,6 +14,7 @@ from ..workload import Workload
 from .base import RuntimeBase
 from .checkpoint_backend import CheckpointRuntime
 from .mapping import build_execution_map
+from .paths import CHECKPOINT_PATH, KEEP_PATH, REPLAY_PATH, choose_path
 from .swap import SwapManager
 
 
@@ -73,6 +75,9 @@ def check_same_plan_on_every_rank(plan: Plan) -> None:
 class PlanRuntime(RuntimeBase):
     """Context manager returned by :func:`apply_plan` for the replay backend."""
 
+    path = REPLAY_PATH
+    path_reason = 'backend="replay"'
+
     def __init__(self, model: torch.nn.Module, plan: Plan, workload: Workload | None = None) -> None:
         model = unwrap_model(model, "slackswap.apply")
         workload = checked_workload(model, plan, workload)
@@ -90,20 +95,23 @@ class PlanRuntime(RuntimeBase):
         self.manager.fsdp.remove()
 
 
-BACKENDS = ("replay", "checkpoint")
+BACKENDS = ("auto", "replay", "checkpoint")
 
 
-def apply_plan(model: torch.nn.Module, plan: Plan, workload: Workload | None = None, *, backend: str = "replay",
+def apply_plan(model: torch.nn.Module, plan: Plan, workload: Workload | None = None, *, backend: str = "auto",
                hardware=None):
     """Train ``model`` under ``plan`` inside the returned context manager.
 
     ``workload`` is the profile the plan was made from; by default the last one
     slackswap.profile measured for this model object. Raises PlanMismatchError before
     anything runs when the plan, the workload and the model do not belong together.
-    ``backend`` is "replay" (default: replays recompute groups op by op, runs any plan exactly)
-    or "checkpoint" (torch.utils.checkpoint with selective-checkpoint policies; refuses, with a
-    CheckpointBackendError, plans it cannot run as planned). ``hardware`` (checkpoint only, default
-    the planning default) is what its memory check simulates on.
+    ``backend`` is "auto" (default: the fastest path that runs the plan exactly, paths.py: nothing
+    installed for an all-keep plan, torch.utils.checkpoint alone for module-aligned recompute
+    without swaps, else replay), "replay" (replays recompute groups op by op, runs any plan
+    exactly) or "checkpoint" (torch.utils.checkpoint with selective-checkpoint policies plus the
+    replay backend's recorder and swap hooks; refuses, with a CheckpointBackendError, plans it
+    cannot run as planned). The returned runtime's ``path`` says which ran. ``hardware`` (auto and
+    checkpoint, default the planning default) is what the checkpoint memory check simulates on.
 
     ``model`` may be wrapped by DistributedDataParallel or torch.compile: the runtime follows the
     module inside (profiler/model_support.py). FSDP2 (fully_shard) models are followed through
@@ -111,9 +119,12 @@ def apply_plan(model: torch.nn.Module, plan: Plan, workload: Workload | None = N
     tensor-parallel DTensor parameters and CUDA graph capture raise UnsupportedModelError.
     """
     model = unwrap_model(model, "slackswap.apply")
+    if backend == "auto":
+        return auto_runtime(model, plan, workload, hardware)
     if backend == "replay":
         if hardware is not None:
-            raise ValidationError('hardware= is used by backend="checkpoint" only: drop it for the replay backend')
+            raise ValidationError('hardware= is used by backend="auto" and "checkpoint" only: drop it for the '
+                                  'replay backend')
         return PlanRuntime(model, plan, workload)
     if backend == "checkpoint":
         if FsdpUnits(model):
@@ -123,3 +134,19 @@ def apply_plan(model: torch.nn.Module, plan: Plan, workload: Workload | None = N
             )
         return CheckpointRuntime(model, plan, checked_workload(model, plan, workload), hardware)
     raise ValidationError(f"unknown runtime backend {backend!r}: use one of {', '.join(BACKENDS)}")
+
+
+def auto_runtime(model: torch.nn.Module, plan: Plan, workload: Workload | None, hardware):
+    """The runtime of the path choose_path picks (paths.py)."""
+    from .fast import CheckpointPathRuntime, KeepRuntime
+
+    workload = checked_workload(model, plan, workload)
+    hw = get_hardware(hardware if hardware is not None else DEFAULT_HARDWARE)
+    choice = choose_path(workload, plan, hw, fsdp=bool(FsdpUnits(model)))
+    if choice.path == KEEP_PATH:
+        return KeepRuntime(model, plan, workload, choice)
+    if choice.path == CHECKPOINT_PATH:
+        return CheckpointPathRuntime(model, plan, workload, choice)
+    runtime = PlanRuntime(model, plan, workload)
+    runtime.path_reason = choice.reason
+    return runtime

@@ -95,9 +95,18 @@ class RuntimeBase:
         self._warned_compiled = False
         self._outputs: list[weakref.ref] = []  # the model's outputs of the latest forward
 
+    path = ""
+    """The execution path (paths.py): "replay" or "checkpoint-recorded" here."""
+    path_reason = ""
+
     @property
     def stats(self) -> RuntimeStats:
         return self.manager.stats
+
+    @property
+    def simulated_plan(self) -> Plan:
+        """The plan as this runtime runs it, for the simulator."""
+        return self.plan
 
     # ---- install / remove --------------------------------------------------------------------
     def _recording_mode(self) -> RecordingMode:

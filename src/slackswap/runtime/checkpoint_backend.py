@@ -32,6 +32,7 @@ from ..schedule import backward_step_of
 from ..workload import Workload
 from .base import RuntimeBase
 from .checkpoint_map import CheckpointMap, Region, build_checkpoint_map
+from .paths import RECORDED_CHECKPOINT_PATH
 from .replay import ForwardRecorder, RecordingMode
 from .swap import SwapManager
 
@@ -123,8 +124,34 @@ class CheckpointSwapManager(SwapManager):
             super().begin_backward_step(k)
 
 
+def wrap_regions(model: torch.nn.Module, regions, wrap) -> list:
+    """Replace, for the step, the forward of each module with a region by ``wrap(forward, path,
+    {k: region of its k-th call})``; returns what unwrap_regions needs to undo it."""
+    by_path: dict[str, dict[int, Region]] = {}
+    for region in regions:
+        call = ModuleCall.parse(region.call)
+        by_path.setdefault(call.path, {})[call.count] = region
+    wrapped = []
+    for path, by_count in by_path.items():
+        module = model.get_submodule(path) if path else model
+        wrapped.append((module, "forward" in module.__dict__, module.__dict__.get("forward")))
+        module.forward = wrap(module.forward, path, by_count)
+    return wrapped
+
+
+def unwrap_regions(wrapped: list) -> None:
+    for module, had, previous in wrapped:
+        if had:
+            module.forward = previous
+        else:
+            del module.forward
+
+
 class CheckpointRuntime(RuntimeBase):
     """Context manager returned by ``apply_plan(..., backend="checkpoint")``; same surface as PlanRuntime."""
+
+    path = RECORDED_CHECKPOINT_PATH
+    path_reason = 'backend="checkpoint"'
 
     def __init__(self, model: torch.nn.Module, plan: Plan, workload: Workload, hardware=None) -> None:
         hw = get_hardware(hardware if hardware is not None else DEFAULT_HARDWARE)
@@ -137,28 +164,19 @@ class CheckpointRuntime(RuntimeBase):
         self._calls: dict[str, int] = {}
         self._wrapped: list = []
 
+    @property
+    def simulated_plan(self) -> Plan:
+        return self.checkpoint_map.simulated_plan
+
     def _recording_mode(self) -> RecordingMode:
         return _SuspendableRecording(self.recorder)
 
     def _install(self) -> None:
-        """Wrap the forward of each module with a region, for the step."""
-        by_path: dict[str, dict[int, Region]] = {}
-        for region in self.checkpoint_map.regions:
-            call = ModuleCall.parse(region.call)
-            by_path.setdefault(call.path, {})[call.count] = region
         self._calls.clear()
-        self._wrapped = []
-        for path, regions in by_path.items():
-            module = self.model.get_submodule(path) if path else self.model
-            self._wrapped.append((module, "forward" in module.__dict__, module.__dict__.get("forward")))
-            module.forward = self._wrap(module.forward, path, regions)
+        self._wrapped = wrap_regions(self.model, self.checkpoint_map.regions, self._wrap)
 
     def _uninstall(self) -> None:
-        for module, had, previous in self._wrapped:
-            if had:
-                module.forward = previous
-            else:
-                del module.forward
+        unwrap_regions(self._wrapped)
         self._wrapped = []
 
     def _on_step(self) -> None:

@@ -139,6 +139,7 @@ class ForwardRecorder:
     def on_op(self, func, args, kwargs):
         i = self.i
         self.i += 1
+        self.manager.stats.recorded_ops += 1
         self.resolve_pending()
         aten = str(func.overloadpacket.__name__) if hasattr(func, "overloadpacket") else str(func)
         if aten != self.aten[i]:

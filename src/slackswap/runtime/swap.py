@@ -86,6 +86,12 @@ class RuntimeStats:
     fsdp_regathers: int = 0
     """FSDP2 units gathered by the runtime: a recompute group read their parameters in backward
     before FSDP gathered them for their own backward."""
+    recorded_ops: int = 0
+    """Forward ops the replay path's recorder (a dispatch mode) saw; 0 on the fast paths, which run none."""
+    checkpointed_calls: int = 0
+    """Module calls the checkpoint path ran under torch.utils.checkpoint."""
+    region_recomputes: int = 0
+    """Times the checkpoint path's checkpointed calls were re-run in backward."""
 
 
 @dataclass
