@@ -176,13 +176,15 @@ def test_a_forward_without_its_loss_then_a_new_step_is_not_a_second_call(backend
 def test_a_second_call_while_the_first_output_is_held_is_still_refused():
     model, x, loss, workload = nested_mlp()
     plan = slackswap.plan(workload, budget=1.0, policy="ideal")
+    # The replay path's refusal (an all-keep plan would take the keep path, which runs both calls as
+    # plain PyTorch does).
     with pytest.raises(RuntimeUsageError, match="called again during its step.*drop its outputs"):
-        with slackswap.apply(model, plan, workload=workload):
+        with slackswap.apply(model, plan, workload=workload, backend="replay"):
             first = model(x)
             (first + model(x)).pow(2).mean().backward()
     # Held only through the graph of a loss op run on it (the output tensor itself is gone): refused too.
     with pytest.raises(RuntimeUsageError, match="called again during its step"):
-        with slackswap.apply(model, plan, workload=workload):
+        with slackswap.apply(model, plan, workload=workload, backend="replay"):
             (model(x).pow(2) + model(x).pow(2)).mean().backward()
 
 
