@@ -223,7 +223,8 @@ def table(results: dict[str, tuple[int, list[Row]]], args, config: ExampleConfig
             per_op = f"{(m - plain) / ops * 1e6:.1f} us" if row.eager_plan else ""
             same = "-" if row.same is None else "yes" if row.same else "NO"
             lines.append(f"| {kind} | {ops} ops | {row.name} | {row.path} | {m * 1e3:.2f} ms "
-                         f"| {min(row.samples) * 1e3:.2f} ms | {m / plain:.2f}x | {m / blocks:.2f}x | {per_op} | {same} |")
+                         f"| {min(row.samples) * 1e3:.2f} ms | {m / plain:.2f}x | {m / blocks:.2f}x | {per_op} "
+                         f"| {same} |")
     return "\n".join(lines)
 
 

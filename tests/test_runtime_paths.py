@@ -125,6 +125,7 @@ def test_full_recompute_per_block_takes_the_checkpoint_path(profiled, kind):
     s = runtime.stats
     assert s.recorded_ops == 0 and s.packs == 0
     assert s.checkpointed_calls == s.region_recomputes == STEPS * blocks
+    assert s.step_recompute_ops == sum(len(g) for g in plan.recompute_groups.values())
     # It re-runs exactly the plan's recompute FLOPs, and the simulator is given the plan as it runs.
     predicted = sum(workload.ops[workload.op_index[g]].flops for grp in plan.recompute_groups.values() for g in grp)
     model = runtime.model

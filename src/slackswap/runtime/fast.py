@@ -129,6 +129,10 @@ class CheckpointPathRuntime(FastRuntime):
     def __init__(self, model: torch.nn.Module, plan: Plan, workload: Workload, choice: PathChoice) -> None:
         super().__init__(model, plan, workload, choice)
         self.checkpoint_map = choice.checkpoint_map
+        index = workload.op_index
+        group_ops = {index[g] for group in plan.recompute_groups.values() for g in group}
+        # Counted as the replay path counts: the plan's group ops (a call also re-runs views, no FLOPs).
+        self._group_ops_in = {r.call: sum(1 for i in r.rerun if i in group_ops) for r in choice.checkpoint_map.regions}
         self._calls: dict[str, int] = {}
         self._wrapped: list = []
 
@@ -154,7 +158,7 @@ class CheckpointPathRuntime(FastRuntime):
             )
 
     def _wrap(self, forward, path: str, regions: dict[int, Region]):
-        calls, stats = self._calls, self.stats
+        calls, stats, group_ops_in = self._calls, self.stats, self._group_ops_in
 
         @torch.compiler.disable
         def run(*args, **kwargs):
@@ -172,8 +176,8 @@ class CheckpointPathRuntime(FastRuntime):
                 runs[0] += 1
                 if runs[0] > 1:
                     stats.region_recomputes += 1
-                    stats.recompute_ops += len(region.rerun)
-                    stats.step_recompute_ops += len(region.rerun)
+                    stats.recompute_ops += group_ops_in[region.call]
+                    stats.step_recompute_ops += group_ops_in[region.call]
                 return forward(*a, **kw)
 
             stats.checkpointed_calls += 1
