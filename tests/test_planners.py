@@ -238,6 +238,39 @@ def test_window_booking_answers_like_round_trip_fits():
     assert answers == {True, False}  # both outcomes were exercised
 
 
+@pytest.mark.parametrize("d2h,h2d", [(90.0, 70.0), (40.0, 400.0)])
+def test_window_booking_walks_only_what_a_copy_moves_and_answers_the_same(d2h, h2d):
+    # Copies back queued behind each other from the start of backward, and copies out so slow
+    # that copies back wait for them (a delay dies out at the next gap); swaps booked whether they fit or not (late copies on record), both deadlines:
+    # every answer is round_trip_fits's, and the booking built one swap at a time holds what one
+    # built from the whole list at once holds.
+    import random
+
+    from slackswap.planners.common import facts_for
+    from slackswap.planners.copies import WindowBooking, round_trip_fits
+
+    n = 40
+    w = chain(n, fwd_time_s=[0.2 + (i % 5) * 0.3 for i in range(n)], size_bytes=[30 + (7 * i) % 50 for i in range(n - 1)] + [1])
+    hw = slow_link(d2h_bytes_per_s=d2h, h2d_bytes_per_s=h2d, copy_latency_s=0.02, duplex_h2d_factor=0.6)
+    facts = facts_for(w)
+    rng = random.Random(7)
+    answers = set()
+    for trial in range(4):
+        booking, booked = WindowBooking(facts, hw), []
+        for name in rng.sample(list(facts.candidates), len(facts.candidates)):
+            for deadline in (facts.forward_time_s, None):
+                fits = booking.fits(name, out_deadline_s=deadline)
+                assert fits == round_trip_fits(facts, hw, booked + [name], out_deadline_s=deadline)
+                answers.add(fits)
+            if booking.fits(name, out_deadline_s=None) or rng.random() < 0.1 * trial:
+                booking.add(name)
+                booked.append(name)
+        whole = WindowBooking(facts, hw, booked)
+        assert (whole.out_end_s, whole.back_end_s, whole.late, whole.slack_after, whole.tail_s) == \
+            (booking.out_end_s, booking.back_end_s, booking.late, booking.slack_after, booking.tail_s)
+    assert answers == {True, False}
+
+
 def test_slackswap_spill_pass_appends_swaps_whose_copies_end_in_backward():
     from slackswap.planners.common import facts_for
     from slackswap.planners.slackswap import windowed_swaps

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Iterable, Mapping, Sequence
 
@@ -25,7 +25,8 @@ from ..hardware import Hardware
 from ..plans import Action, Plan
 from ..schedule import backward_step_starts_s, first_use_step, make_plan
 from ..sim import simulate
-from ..timeline import Timeline
+from ..sim.simulator import events_of
+from ..timeline import Event, Timeline
 from ..units import format_bytes
 from ..workload import Workload
 
@@ -169,10 +170,19 @@ def facts_for(workload: Workload) -> Facts:
 @dataclass(frozen=True)
 class Candidate:
     """A plan and its simulated timeline (None when the plan cannot fit its budget). The plan is
-    None only when a search skipped building it: its memory floor was over the budget."""
+    None only when a search skipped building it: its memory floor was over the budget. A
+    timeline simulated by ``evaluate`` has no events; ``events`` builds them from ``records``."""
 
     plan: Plan | None
     timeline: Timeline | None
+    records: tuple | None = field(default=None, repr=False, compare=False)
+    """The simulator's event records (``simulate(event_records=...)``), when it kept them."""
+
+    @property
+    def events(self) -> tuple[Event, ...]:
+        if self.records is None:
+            return self.timeline.events
+        return events_of(self.records)
 
     @property
     def fits(self) -> bool:
@@ -199,9 +209,11 @@ def evaluate(workload: Workload, hardware: Hardware, plan: Plan, budget_bytes: i
     if memo is not None:
         key = (budget_bytes, tuple(plan.actions.values()), tuple(sorted(plan.prefetch_step.items())))
         if key in memo:
-            return Candidate(plan, memo[key].timeline)
+            return dataclasses.replace(memo[key], plan=plan)
+    records: list = []
     try:
-        found = Candidate(plan, simulate(workload, hardware, plan, budget_bytes, check=False))
+        timeline = simulate(workload, hardware, plan, budget_bytes, check=False, event_records=records)
+        found = Candidate(plan, timeline, tuple(records))
     except InfeasiblePlanError:
         found = Candidate(plan, None)
     if key is not None:

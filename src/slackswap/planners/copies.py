@@ -9,6 +9,8 @@ latency plus its bytes over the link bandwidth.
 from __future__ import annotations
 
 import bisect
+import itertools
+import math
 from typing import Iterable
 
 from ..hardware import Hardware
@@ -85,55 +87,147 @@ def round_trip_fits(facts: Facts, hardware: Hardware, swapped: Iterable[str],
 
 
 class WindowBooking:
-    """The swaps accepted so far, kept sorted for the two streams, so that trying one more
-    tensor costs one pass over them instead of two sorts (the accepted-swap list of
-    `slackswap` tries every candidate). ``fits(name)`` answers exactly what
-    ``round_trip_fits(facts, hardware, booked + [name], out_deadline_s=...)`` answers."""
+    """The swaps accepted so far, with both streams walked once for them, so that trying one more
+    tensor walks only the copies it moves (the accepted-swap list of `slackswap` tries every
+    candidate; a full walk per try made that quadratic in the model's size). ``fits(name)``
+    answers what ``round_trip_fits(facts, hardware, booked + [name], out_deadline_s=...)``
+    answers (tests/test_planners.py compares them).
+
+    Inserting a copy can only delay the copies after it on either stream. The copy-out walk stops
+    at the first copy that ends exactly when it did before (same start, same inputs after it: the
+    same floats to the end). The copy-back walk stops there too once it is past every copy whose
+    copy out moved, and past the slowed start of backward (the duplex tail) when the last copy out
+    moved; or, in a busy stream where the delay does not die out, once the delay is smaller than
+    the least slack left after it (a delay never grows past that point), with a margin of
+    MARGIN_FRACTION of the step for the order of float roundings."""
+
+    MARGIN_FRACTION = 1e-9
 
     def __init__(self, facts: Facts, hardware: Hardware, names: Iterable[str] = ()) -> None:
         self.facts = facts
         self.hardware = hardware
-        self.by_made: list[tuple[int, str]] = []
-        self.by_use: list[tuple[float, str]] = []
-        for name in names:
-            self.add(name)
+        self.margin_s = self.MARGIN_FRACTION * (facts.forward_time_s + max(facts.first_use_s.values(), default=0.0))
+        self._build(list(names))
 
     def _keys(self, name: str) -> tuple[tuple[int, str], tuple[float, str]]:
         return (self.facts.production_order[name], name), (self.facts.first_use_s[name], name)
 
+    def _build(self, names: list[str]) -> None:
+        """Both streams walked in full for ``names``."""
+        facts, hw = self.facts, self.hardware
+        latency, d2h, made_at, size = hw.copy_latency_s, hw.d2h_bytes_per_s, facts.produced_at_s, facts.size
+        self.by_made = sorted(self._keys(n)[0] for n in names)
+        self.out_end_s: list[float] = []  # copy-out ends, in by_made order
+        free_at = 0.0
+        for _, name in self.by_made:
+            free_at = max(free_at, made_at[name]) + latency + size[name] / d2h
+            self.out_end_s.append(free_at)
+        self.end_of = {name: end for (_, name), end in zip(self.by_made, self.out_end_s)}
+        forward_s = facts.forward_time_s
+        self.tail_s = max(0.0, free_at - forward_s) if names else 0.0  # the last copy out's run into backward
+        self.by_use = sorted(self._keys(n)[1] for n in names)
+        self.back_end_s: list[float] = []  # copy-back ends, in by_use order
+        now = 0.0
+        for _, name in self.by_use:
+            now = self._copy_back(now, self.end_of[name] - forward_s, name, self.tail_s)
+            self.back_end_s.append(now)
+        self.late = bytearray(now_s > facts.first_use_s[name] for now_s, (_, name) in zip(self.back_end_s, self.by_use))
+        self.slack_after = [math.inf] * (len(names) + 1)  # least (first use - landing) from each position on
+        self._update_slack(len(names))
+
+    def _update_slack(self, upto: int) -> None:
+        first_use, by_use, back_end = self.facts.first_use_s, self.by_use, self.back_end_s
+        slack = [first_use[by_use[k][1]] - back_end[k] for k in range(upto)]
+        running = list(itertools.accumulate(reversed(slack), min, initial=self.slack_after[upto]))
+        self.slack_after[:upto] = running[:0:-1]
+
+    def _copy_back(self, now: float, ready_s: float, name: str, tail_s: float) -> float:
+        """When the copy back of ``name`` lands: after ``now`` and its copy out (``ready_s``, in
+        backward time), at the duplex-slowed rate until ``tail_s``."""
+        hw = self.hardware
+        full = hw.h2d_bytes_per_s
+        slow = full * hw.duplex_h2d_factor
+        now = max(now, ready_s) + hw.copy_latency_s
+        left = float(self.facts.size[name])
+        if now < tail_s:
+            slow_part = min(left, (tail_s - now) * slow)
+            now += slow_part / slow
+            left -= slow_part
+        return now + left / full
+
     def add(self, name: str) -> None:
-        made, use = self._keys(name)
-        bisect.insort(self.by_made, made)
-        bisect.insort(self.by_use, use)
+        self._walk(name, None, commit=True)
 
     def fits(self, name: str, *, out_deadline_s: float | None) -> bool:
+        return self._walk(name, out_deadline_s, commit=False)
+
+    def _walk(self, name: str, out_deadline_s: float | None, *, commit: bool) -> bool:
         facts, hw = self.facts, self.hardware
         made_key, use_key = self._keys(name)
-        ends: dict[str, float] = {}
-        free_at = 0.0
         latency = hw.copy_latency_s
         d2h = hw.d2h_bytes_per_s
         made_at, size = facts.produced_at_s, facts.size
-        pos = bisect.bisect_left(self.by_made, made_key)
-        for _, other in self.by_made[:pos] + [made_key] + self.by_made[pos:]:
-            free_at = ends[other] = max(free_at, made_at[other]) + latency + size[other] / d2h
-        if out_deadline_s is not None and free_at > out_deadline_s:
+        # Copies out, FIFO in production order, from the new one until the delay dies out.
+        by_made, out_end = self.by_made, self.out_end_s
+        pos = bisect.bisect_left(by_made, made_key)
+        free_at = out_end[pos - 1] if pos else 0.0
+        free_at = own_end = max(free_at, made_at[name]) + latency + size[name] / d2h
+        moved: dict[str, float] = {name: own_end}
+        i = pos
+        while i < len(by_made):
+            other = by_made[i][1]
+            end = max(free_at, made_at[other]) + latency + size[other] / d2h
+            if end == out_end[i]:
+                break
+            free_at = moved[other] = end
+            i += 1
+        last_out_s = out_end[-1] if i < len(by_made) else free_at
+        if out_deadline_s is not None and last_out_s > out_deadline_s:
             return False
+        # Copies back, earliest first use first, from the first one whose inputs changed.
         forward_s = facts.forward_time_s
-        tail_s = max(0.0, free_at - forward_s)
-        full = hw.h2d_bytes_per_s
-        slow = full * hw.duplex_h2d_factor
-        first_use = facts.first_use_s
-        now = 0.0
-        pos = bisect.bisect_left(self.by_use, use_key)
-        for _, other in self.by_use[:pos] + [use_key] + self.by_use[pos:]:
-            now = max(now, ends[other] - forward_s) + latency
-            left = float(size[other])
-            if now < tail_s:
-                slow_part = min(left, (tail_s - now) * slow)
-                now += slow_part / slow
-                left -= slow_part
-            now += left / full
-            if now > first_use[other]:
+        tail_s = max(0.0, last_out_s - forward_s)
+        by_use, back_end, late, slack_after = self.by_use, self.back_end_s, self.late, self.slack_after
+        at = bisect.bisect_left(by_use, use_key)
+        moved_at = [bisect.bisect_left(by_use, (facts.first_use_s[n], n)) for n in moved if n != name]
+        last_moved = max(moved_at, default=-1)
+        start = 0 if tail_s != self.tail_s else min(moved_at + [at])
+        if not commit and late.find(1, 0, start) >= 0:
+            return False
+        settled_s = max(tail_s, self.tail_s) if tail_s != self.tail_s else 0.0
+        first_use, end_of = facts.first_use_s, self.end_of
+        now = back_end[start - 1] if start else 0.0
+        walked: list[float] = []
+        j = start
+        while True:
+            if j == at and len(walked) == j - start:
+                other = name  # the new copy goes before the recorded one at its place
+            elif j < len(by_use):
+                other = by_use[j][1]
+            else:
+                break
+            now = self._copy_back(now, moved.get(other, end_of.get(other, 0.0)) - forward_s, other, tail_s)
+            if now > first_use[other] and not commit:
                 return False
+            walked.append(now)
+            if other is name:
+                continue
+            j += 1
+            if j > at and j > last_moved and now >= settled_s:
+                if now == back_end[j - 1]:
+                    break  # the same landing as recorded, past every change: the rest is as recorded
+                if not commit and slack_after[j] > now - back_end[j - 1] + self.margin_s:
+                    return True  # the delay left fits in every later copy's slack
+        if not commit:
+            return slack_after[j] >= 0
+        by_made.insert(pos, made_key)
+        out_end.insert(pos, own_end)
+        out_end[pos + 1:pos + len(moved)] = [moved[by_made[k][1]] for k in range(pos + 1, pos + len(moved))]
+        end_of.update(moved)
+        by_use.insert(at, use_key)
+        back_end[start:j] = walked
+        late[start:j] = bytearray(w > first_use[by_use[start + k][1]] for k, w in enumerate(walked))
+        slack_after.insert(at, 0.0)
+        self._update_slack(start + len(walked))
+        self.tail_s = tail_s
         return True

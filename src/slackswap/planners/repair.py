@@ -71,9 +71,10 @@ def _propose(search: Search, current: Candidate, allow_swaps: bool = True):
     # Swaps to blame for stalls: copies back that backward waited for, copies out in flight
     # while compute waited for memory.
     blame: dict[str, float] = {}
-    copy_out = [e for e in timeline.events if e.kind == "copy_out"]
-    copy_in = [e for e in timeline.events if e.kind == "copy_in"]
-    for e in timeline.events:
+    events = current.events
+    copy_out = [e for e in events if e.kind == "copy_out"]
+    copy_in = [e for e in events if e.kind == "copy_in"]
+    for e in events:
         if e.kind == "stall_copy":
             op = workload.ops[workload.op_index[e.name]]
             reads = workload.bwd_reads[op.name] if e.step >= 0 else ()

@@ -73,7 +73,7 @@ class Search:
                 return free
             if free.timeline.peak_memory_bytes > self.budget_bytes:
                 return Candidate(plan, None)
-            return Candidate(plan, dataclasses.replace(free.timeline, budget_bytes=self.budget_bytes))
+            return dataclasses.replace(free, timeline=dataclasses.replace(free.timeline, budget_bytes=self.budget_bytes))
         if unlimited:
             return self._note_peak(evaluate(self.workload, self.hardware, plan, math.inf, self.memo))
         return evaluate(self.workload, self.hardware, plan, self.budget_bytes, self.memo)

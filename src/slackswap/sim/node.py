@@ -25,7 +25,7 @@ from ..schedule import check_plan
 from ..timeline import Timeline
 from ..units import format_bytes
 from ..workload import Workload
-from .simulator import _Simulation
+from .simulator import _Simulation, events_of
 
 
 class _Rank(_Simulation):
@@ -139,7 +139,7 @@ def simulate_node(workload: Workload, node: Node, plan: Plan, budget_bytes: int 
             budget_bytes=budget_bytes, step_time_s=r.now, ideal_step_time_s=workload.ideal_step_time_s,
             peak_memory_bytes=r.peak, d2h_bytes=r.d2h_bytes, h2d_bytes=r.h2d_bytes,
             recompute_time_s=r.recompute_time, stall_copy_s=r.stall_copy, stall_memory_s=r.stall_memory,
-            events=tuple(r.events), memory=tuple(r.memory),
+            events=events_of(r.events), memory=tuple(r.memory),
         )
         for r in ranks
     )

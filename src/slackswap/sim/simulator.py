@@ -61,13 +61,22 @@ class _Simulation:
         n = len(workload.ops)
         self.n = n
         self.tasks = self._build_tasks()
+        self.n_tasks = len(self.tasks)
+        # Per op, the swapped tensors its backward reads and its forward inputs: what a backward or
+        # recompute task may wait for (looked up once per simulation, not once per try).
+        swapped = {name for name, a in plan.actions.items() if a is Action.SWAP}
+        self.swapped_bwd_reads = [tuple(t for t in workload.bwd_reads[op.name] if t in swapped)
+                                  for op in workload.ops]
+        self.swapped_inputs = [tuple(t for t in op.inputs if t in swapped) for op in workload.ops]
         self.heap: list = []
         self.seq = 0
         self.now = 0.0
         self.mem = 0
         self.peak = 0
         self.present: set[str] = set()
-        self.events: list[Event] = []
+        # Event fields as plain tuples, made into Events once at the end (or never, for a planner
+        # that reads only the totals): building an Event costs more than the step it records.
+        self.events: list[tuple] = []
         self.memory: list[tuple[float, int]] = [(0.0, 0)]
         # compute stream
         self.ci = 0
@@ -205,8 +214,8 @@ class _Simulation:
         return True
 
     def _end_copy(self, direction: str, copy: _Copy) -> None:
-        self.events.append(Event(direction, "copy_out" if direction == "d2h" else "copy_in", copy.tensor,
-                                 copy.start_s, self.now, copy.size_bytes, self._current_step()))
+        self.events.append((direction, "copy_out" if direction == "d2h" else "copy_in", copy.tensor,
+                            copy.start_s, self.now, copy.size_bytes, self._current_step()))
         if direction == "d2h":
             self.d2h = None
             self.d2h_bytes += copy.size_bytes
@@ -226,8 +235,8 @@ class _Simulation:
     # ---- compute stream -----------------------------------------------------------------
     def _backward_inputs_pending(self, task: _Task) -> bool:
         """A backward op waits until every swapped tensor it reads is back on the device."""
-        for name in self.w.bwd_reads[self.w.ops[task.op_index].name]:
-            if self.actions[name] is Action.SWAP and name not in self.h2d_done:
+        for name in self.swapped_bwd_reads[task.op_index]:
+            if name not in self.h2d_done:
                 return True
         return False
 
@@ -238,7 +247,7 @@ class _Simulation:
         return [o for o in self.saved_outputs[task.op_index] if o not in present]
 
     def _try_compute(self) -> bool:
-        if self.compute_busy or self.ci >= len(self.tasks):
+        if self.compute_busy or self.ci >= self.n_tasks:
             return False
         task = self.tasks[self.ci]
         if self.data_ready_at is None:
@@ -247,18 +256,22 @@ class _Simulation:
             if task.kind == _BACKWARD and self._backward_inputs_pending(task):
                 return False
             self.data_ready_at = self.now
-        alloc = self._allocation(task)
-        alloc_bytes = sum(self.size[a] for a in alloc) if alloc else 0
+        if task.kind == _BACKWARD:
+            alloc, alloc_bytes = [], 0
+        else:
+            present, size = self.present, self.size
+            alloc = [o for o in self.saved_outputs[task.op_index] if o not in present]
+            alloc_bytes = sum(size[a] for a in alloc) if alloc else 0
         if self.mem + alloc_bytes > self.budget:
             return False
         # start the task
         op = self.w.ops[task.op_index]
         if self.data_ready_at > self.idle_since:
             self.stall_copy += self.data_ready_at - self.idle_since
-            self.events.append(Event("compute", "stall_copy", op.name, self.idle_since, self.data_ready_at, 0, task.step))
+            self.events.append(("compute", "stall_copy", op.name, self.idle_since, self.data_ready_at, 0, task.step))
         if self.now > self.data_ready_at:
             self.stall_memory += self.now - self.data_ready_at
-            self.events.append(Event("compute", "stall_memory", op.name, self.data_ready_at, self.now, 0, task.step))
+            self.events.append(("compute", "stall_memory", op.name, self.data_ready_at, self.now, 0, task.step))
         self._alloc(alloc)
         if task.kind == _RECOMPUTE:
             self.group_allocs.extend(alloc)
@@ -269,15 +282,14 @@ class _Simulation:
 
     def _swap_inputs_pending(self, task: _Task) -> bool:
         """A recompute op waits for inputs whose copy back has been issued for this step or earlier."""
-        for name in self.w.ops[task.op_index].inputs:
-            if (self.actions.get(name) is Action.SWAP and self.plan.prefetch_step[name] <= task.step
-                    and name not in self.h2d_done):
+        for name in self.swapped_inputs[task.op_index]:
+            if self.plan.prefetch_step[name] <= task.step and name not in self.h2d_done:
                 return True
         return False
 
     def _end_compute(self, task: _Task, start_s: float, alloc_bytes: int) -> None:
         op = self.w.ops[task.op_index]
-        self.events.append(Event("compute", task.kind, op.name, start_s, self.now, alloc_bytes, task.step))
+        self.events.append(("compute", task.kind, op.name, start_s, self.now, alloc_bytes, task.step))
         if task.kind == _FORWARD:
             self.fwd_done_upto = task.op_index
             for name in self.saved_outputs[task.op_index]:
@@ -308,11 +320,13 @@ class _Simulation:
 
     # ---- main loop ----------------------------------------------------------------------
     def _dispatch(self) -> None:
+        # Each stream is tried only when it is free and has work left (the tries' own first
+        # checks, taken here to save most calls: dispatching runs at every instant).
         progress = True
         while progress:
-            progress = self._try_compute()
-            progress = self._try_d2h() or progress
-            progress = self._try_h2d() or progress
+            progress = not self.compute_busy and self.ci < self.n_tasks and self._try_compute()
+            progress = (self.d2h is None and self.d2h_head < len(self.d2h_queue) and self._try_d2h()) or progress
+            progress = (self.h2d is None and self.h2d_head < len(self.h2d_order) and self._try_h2d()) or progress
 
     def run(self) -> None:
         self._alloc(list(self.step_inputs))
@@ -332,12 +346,22 @@ class _Simulation:
     def _next_instant(self) -> None:
         """Handle every event due at the next instant before starting anything, so memory
         freed at time t is available to work that starts at time t."""
-        self.now = self.heap[0][0]
-        while self._drop_stale() and self.heap[0][0] == self.now:
-            _, _, kind, payload = heapq.heappop(self.heap)
+        heap = self.heap
+        now = self.now = heap[0][0]
+        while heap:
+            top = heap[0]
+            kind, payload = top[2], top[3]
             if kind == "compute_end":
+                if top[0] != now:
+                    break
+                heapq.heappop(heap)
                 self._end_compute(*payload)
+            elif payload[1] != payload[0].generation:
+                heapq.heappop(heap)  # a copy end re-timed since (_drop_stale)
+            elif top[0] != now:
+                break
             else:
+                heapq.heappop(heap)
                 self._end_copy(kind[:3], payload[0])
         self._dispatch()
 
@@ -375,6 +399,7 @@ def simulate(
     *,
     check: bool = True,
     tensor_log: list | None = None,
+    event_records: list | None = None,
 ) -> Timeline:
     """Simulate one training step of ``workload`` on ``hardware`` under ``plan``.
 
@@ -384,6 +409,9 @@ def simulate(
     hardware's ``pinned_host_bytes`` (when set) to the host. ``tensor_log``, when
     given, receives ``(time_s, tensor, added)`` for every change of the saved tensors on the
     device, in order (slackswap.memory replays them through the allocator model).
+    ``event_records``, when given, receives the events' fields as tuples in order
+    (``Event(*record)`` is the event) and the Timeline's ``events`` stay empty: the planners
+    simulate hundreds of plans and read the events of a few.
     """
     if check:
         check_plan(workload, plan)
@@ -402,8 +430,16 @@ def simulate(
         budget_bytes=budget_bytes, step_time_s=sim.now, ideal_step_time_s=workload.ideal_step_time_s,
         peak_memory_bytes=sim.peak, d2h_bytes=sim.d2h_bytes, h2d_bytes=sim.h2d_bytes,
         recompute_time_s=sim.recompute_time, stall_copy_s=sim.stall_copy, stall_memory_s=sim.stall_memory,
-        events=tuple(sim.events), memory=tuple(sim.memory),
+        events=events_of(sim.events, event_records), memory=tuple(sim.memory),
     )
+
+
+def events_of(records: list[tuple], into: list | None = None) -> tuple[Event, ...]:
+    """``records`` as Events, or, with ``into``, handed over as they are (and no Events)."""
+    if into is not None:
+        into.extend(records)
+        return ()
+    return tuple(Event(*r) for r in records)
 
 
 def simulate_ideal(workload: Workload, hardware: Hardware) -> Timeline:
