@@ -15,7 +15,10 @@ resident memory (RSS, from /proc/self/statm), the host-pool bytes of every live 
 how many swap managers and runtime objects are alive. Flat lines mean no leak: an older runtime
 that stays alive keeps its host pool (pinned memory on a GPU) with it.
 
-    .venv/bin/python benchmarks/soak.py [--steps 1000] [--every 50] [--threads 1] [--results FILE]
+    .venv/bin/python benchmarks/soak.py [--steps 1000] [--every 50] [--threads 1] [--layers N] [--results FILE]
+
+The committed table (benchmarks/results/soak.md) uses the smallest example model (``--layers 1``),
+so that 1,000 steps of all six configurations fit in about a quarter of an hour on a loaded 2-core CPU.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ import torch
 import slackswap
 from slackswap import Action, make_plan
 from slackswap.errors import ProfileNoiseWarning
-from slackswap.examples import ExampleConfig, loss_fn, make_batch, make_example
+from slackswap.examples import TINY, loss_fn, make_batch, make_example
 from slackswap.profiler import profile_model
 from slackswap.runtime import runtime_prefetch_steps
 from slackswap.runtime.apply import PlanRuntime
@@ -122,13 +125,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--every", type=int, default=50)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    parser.add_argument("--layers", type=int, default=TINY.layers, help="example model layers (default %(default)s)")
     parser.add_argument("--results", help="also write the markdown tables to this file")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     warnings.simplefilter("ignore", ProfileNoiseWarning)  # the shared machine is busy; times do not matter here
     torch.manual_seed(0)
+    load_at_start = os.getloadavg()[0]
 
-    model, batch = make_example("gpt2"), make_batch()
+    config = dataclasses.replace(TINY, layers=args.layers)
+    model, batch = make_example("gpt2", config), make_batch(config)
     workload = profile_model(model, batch, loss_fn, repeats=1, hardware=HARDWARE)
     plans = {"replay": mixed_plan(workload), "checkpoint": block_plan(workload)}
 
@@ -151,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         # Three sequence lengths in turn: each is profiled and planned once, then runs under a new
         # runtime per step (slackswap.auto's pattern).
         auto = slackswap.auto(model, loss_fn, hardware=HARDWARE, budget=0.5, policy="slackswap")
-        shapes = [make_batch(ExampleConfig(seq_len=n)) for n in AUTO_SEQ_LENS]
+        shapes = [make_batch(dataclasses.replace(config, seq_len=n)) for n in AUTO_SEQ_LENS]
         return lambda k: auto.step(shapes[k % len(shapes)])
 
     # Each configuration's runtimes are made when it starts and dropped when it ends.
@@ -167,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         seconds[name] = time.perf_counter() - began
         print(f"{name}: {args.steps} steps in {seconds[name]:.1f} s", file=sys.stderr)
 
-    text = render(args, workload, plans, results, seconds)
+    text = render(args, workload, plans, results, seconds, (load_at_start, os.getloadavg()[0]))
     print(text)
     if args.results:
         with open(args.results, "w", encoding="utf-8") as handle:
@@ -179,20 +185,21 @@ def count(plan, action) -> str:
     return f"{plan.count(action)} {action.value}"
 
 
-def render(args, workload, plans, results, seconds) -> str:
+def render(args, workload, plans, results, seconds, load) -> str:
     names = list(results)
     steps = [s[0] for s in results[names[0]]]
     lines = [
         "# Runtime soak benchmark",
         "",
-        f"{args.steps} SGD steps of the CPU GPT-2 example model (`make_example('gpt2')`, default `ExampleConfig`, "
-        f"float32, dropout 0.1) per configuration, sampled after the first step and every {args.every} steps, "
-        "after `gc.collect()`.",
+        f"{args.steps} SGD steps of the CPU GPT-2 example model (`make_example('gpt2', config)` with the default "
+        f"`ExampleConfig` but {args.layers} layer{'s' if args.layers != 1 else ''}: hidden 32, 4 heads, sequence 16, "
+        f"micro-batch 2, float32, dropout 0.1) per configuration, sampled after the first step and every "
+        f"{args.every} steps, after `gc.collect()`.",
         f"Machine: {os.cpu_count()}-core CPU, {platform.machine()}, torch {torch.__version__} "
         f"({args.threads} intra-op thread{'s' if args.threads != 1 else ''}), Python {platform.python_version()}; "
-        "other jobs shared the machine.",
+        f"other jobs shared the machine (1-minute load average {load[0]:.1f} at the start, {load[1]:.1f} at the end).",
         f"Command: `.venv/bin/python benchmarks/soak.py --steps {args.steps} --every {args.every} "
-        f"--threads {args.threads}" + (f" --results {args.results}`." if args.results else "`."),
+        f"--threads {args.threads} --layers {args.layers}" + (f" --results {args.results}`." if args.results else "`."),
         "",
         "Plans: replay backend: every movable saved tensor swapped, recomputed or kept in turn "
         f"({', '.join(count(plans['replay'], a) for a in Action)}); checkpoint backend: what a block makes and "
@@ -217,16 +224,36 @@ def render(args, workload, plans, results, seconds) -> str:
     for i, step in enumerate(steps):
         cells = [f"{results[n][i][2]} / {results[n][i][3]} / {results[n][i][4]} B" for n in names[1:]]
         lines.append(f"| {step} | " + " | ".join(cells) + " |")
+    settle = steps[1] if len(steps) > 1 else steps[0]
     lines += ["", "## Summary", "",
+              f"Slope: least-squares fit of RSS against the step over the samples from step {settle} on (the first "
+              "step allocates what every later step reuses), scaled to 1,000 steps. A leak grows in both slopes; a "
+              "single rise followed by a flat line (the allocator growing its heap once) shows in the first slope "
+              "and is 0 over the second half.",
+              "",
               "| configuration | RSS at first sample | RSS at last sample | change after the first "
-              f"{steps[1] if len(steps) > 1 else steps[0]} steps | most live managers | most host-pool bytes |",
-              "|---|---:|---:|---:|---:|---:|"]
+              f"{settle} steps | RSS slope from step {settle} (MiB per 1,000 steps) | RSS slope over the second half "
+              "(MiB per 1,000 steps) | live managers / runtimes (min-max) | host-pool bytes (min-max) |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for n in names:
         first, last = results[n][0][1], results[n][-1][1]
-        settled = results[n][1][1] if len(results[n]) > 1 else first
-        lines.append(f"| {n} | {first / MiB:.1f} MiB | {last / MiB:.1f} MiB | {(last - settled) / MiB:+.1f} MiB | "
-                     f"{max(s[2] for s in results[n])} | {max(s[4] for s in results[n])} B |")
+        settled = [s for s in results[n] if s[0] >= settle]
+        managers, runtimes, pools = ([s[k] for s in results[n]] for k in (2, 3, 4))
+        lines.append(f"| {n} | {first / MiB:.1f} MiB | {last / MiB:.1f} MiB | {(last - settled[0][1]) / MiB:+.1f} MiB | "
+                     f"{slope_bytes_per_step(settled) * 1000 / MiB:+.2f} | "
+                     f"{slope_bytes_per_step([s for s in results[n] if s[0] >= args.steps // 2]) * 1000 / MiB:+.2f} | "
+                     f"{min(managers)}-{max(managers)} / "
+                     f"{min(runtimes)}-{max(runtimes)} | {min(pools)}-{max(pools)} B |")
     return "\n".join(lines)
+
+
+def slope_bytes_per_step(samples) -> float:
+    """Least-squares slope of RSS (bytes) against the step number."""
+    if len(samples) < 2:
+        return 0.0
+    xs, ys = [s[0] for s in samples], [s[1] for s in samples]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
 
 
 if __name__ == "__main__":
