@@ -133,5 +133,9 @@ def test_each_model_trains_bit_for_bit(kind, attn):
 @pytest.mark.parametrize("attn", ATTENTIONS)
 @pytest.mark.parametrize("kind", MODELS)
 def test_every_policy_and_budget(kind, attn, policy, budget):
-    if not check(kind, attn, policy, budget):
+    fits = check(kind, attn, policy, budget)
+    if policy == "optimal" and budget >= 0.5:
+        # Its MILP refused every one of these at 0.3-0.8 before it modelled rebuild chains (issue 17).
+        assert fits, f"optimal refuses {kind}/{attn} at {budget}"
+    if not fits:
         pytest.skip(f"{policy} refuses a budget of {budget} with BudgetError")

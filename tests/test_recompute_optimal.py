@@ -46,7 +46,9 @@ def test_never_below_nor_refusing_where_a_layer_wise_policy_fits(llama8, fractio
 
 def test_its_error_reports_the_lowest_peak_it_reached(llama8):
     w, peak = llama8
-    budget = int(0.2 * peak)
+    # At 20 % it refused (lowest peak 0.275 of the peak) until the frontier descent found a plan
+    # there (80.02 % of ideal); at 18 % nothing it tries fits (lowest 0.198).
+    budget = int(0.18 * peak)
     with pytest.raises(BudgetError) as caught:
         plan_workload(w, HW, budget, "recompute-optimal")
     needed = caught.value.minimum_bytes

@@ -126,10 +126,12 @@ class _Rows:
 
 CHAIN_DEPTH = 4
 """Units a chain may pass through beyond its root (below), on workloads of at most
-CHAIN_DEPTH_UNITS decision units; 1 on larger ones. Deeper chains are forbidden, not modelled:
-the plan keeps something within this many links of every rebuild. On the 2-layer profiled
-models (38-51 units) depth 2 lost the plans at 30 % of the peak that depth 4 finds; on the
-built-in models (200-388 units) depth 4 made the MILP 3-10x slower to solve for the same plan."""
+CHAIN_DEPTH_UNITS decision units; deeper chains are forbidden, not modelled: the plan keeps
+something within this many links of every rebuild. On the 2-layer profiled models (38-51 units)
+depth 2 lost the plans at 30 % of the peak that depth 4 finds. Above CHAIN_DEPTH_UNITS chains are
+not modelled at all (as before they were): the built-in models (200-388 units) save their blocks'
+inputs, so their chains are short, and modelling them made each branch-and-bound node several
+times slower (gpt2-xl at 50 %: 2.9 s of CPU for 50 nodes with depth 1)."""
 CHAIN_DEPTH_UNITS = 150
 
 
@@ -145,6 +147,8 @@ def _chains(facts: Facts, rebuilds: list[list[Rebuild]], unit_of: dict[str, int]
     w = facts.workload
     found: list[tuple[tuple[int, ...], Rebuild]] = []
     too_deep: list[tuple[tuple[int, ...], int]] = []
+    if depth == 0:
+        return found, too_deep  # chains not modelled: the simulation and the margin catch them
     for u, per_unit in enumerate(rebuilds):
         for root in per_unit:
             level = [((u,), root)]
@@ -193,7 +197,7 @@ def _solve(facts: Facts, hardware: Hardware, units: list[tuple[str, ...]], limit
               for u in units]
     rebuilds = [rebuilds_of(facts, u) for u in units]
     unit_of = {t: k for k, u in enumerate(units) for t in u}
-    depth = CHAIN_DEPTH if u_count <= CHAIN_DEPTH_UNITS else 1
+    depth = CHAIN_DEPTH if u_count <= CHAIN_DEPTH_UNITS else 0
     chain_list, too_deep = _chains(facts, rebuilds, unit_of, depth)
     rebuild_ops = sorted({i for per_unit in rebuilds for r in per_unit for i in r.ops}
                          | {i for _, r in chain_list for i in r.ops})
