@@ -138,7 +138,7 @@ def repeatability(models=("bert-large", "gpt2-xl"), fraction: float = 0.5) -> li
     return out
 
 
-PREVIOUS = "90c39a3"  # main before the incremental window checks and the leaner simulator (issue 17, item 4)
+PREVIOUS = "e8647db"  # main before the incremental window checks and the leaner simulator (issue 17, item 4)
 SPEED_CASES = [("llama-7b", None), ("bert-large", None), ("gpt2-xl", None)]
 SCALING_LAYERS = [12, 24, 48, 96, 192, 384, 768, 1024]
 SCALING_REPEATS_UP_TO = 96  # layer counts up to this get ``repeats`` runs (medians); longer ones one run

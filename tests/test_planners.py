@@ -266,8 +266,8 @@ def test_window_booking_walks_only_what_a_copy_moves_and_answers_the_same(d2h, h
                 booking.add(name)
                 booked.append(name)
         whole = WindowBooking(facts, hw, booked)
-        assert (whole.out_end_s, whole.back_end_s, whole.late, whole.slack_after, whole.tail_s) == \
-            (booking.out_end_s, booking.back_end_s, booking.late, booking.slack_after, booking.tail_s)
+        fields = ("out_end_s", "out_waits", "back_end_s", "late", "waits", "slack_after", "use_s", "transfer_s", "tail_s")
+        assert [getattr(whole, f) for f in fields] == [getattr(booking, f) for f in fields]
     assert answers == {True, False}
 
 

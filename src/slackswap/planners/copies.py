@@ -11,6 +11,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+import operator
 from typing import Iterable
 
 from ..hardware import Hardware
@@ -118,8 +119,10 @@ class WindowBooking:
         latency, d2h, made_at, size = hw.copy_latency_s, hw.d2h_bytes_per_s, facts.produced_at_s, facts.size
         self.by_made = sorted(self._keys(n)[0] for n in names)
         self.out_end_s: list[float] = []  # copy-out ends, in by_made order
+        self.out_waits = bytearray()  # 1 where a copy out waits for its tensor, in by_made order
         free_at = 0.0
         for _, name in self.by_made:
+            self.out_waits.append(made_at[name] > free_at)
             free_at = max(free_at, made_at[name]) + latency + size[name] / d2h
             self.out_end_s.append(free_at)
         self.end_of = {name: end for (_, name), end in zip(self.by_made, self.out_end_s)}
@@ -127,17 +130,22 @@ class WindowBooking:
         self.tail_s = max(0.0, free_at - forward_s) if names else 0.0  # the last copy out's run into backward
         self.by_use = sorted(self._keys(n)[1] for n in names)
         self.back_end_s: list[float] = []  # copy-back ends, in by_use order
+        self.waits = bytearray()  # 1 where a copy back waits for its copy out, in by_use order
         now = 0.0
         for _, name in self.by_use:
-            now = self._copy_back(now, self.end_of[name] - forward_s, name, self.tail_s)
+            ready_s = self.end_of[name] - forward_s
+            self.waits.append(ready_s > now)
+            now = self._copy_back(now, ready_s, name, self.tail_s)
             self.back_end_s.append(now)
-        self.late = bytearray(now_s > facts.first_use_s[name] for now_s, (_, name) in zip(self.back_end_s, self.by_use))
+        # Per copy back in by_use order: its first use, and its bytes over the full H2D rate.
+        self.use_s = [facts.first_use_s[name] for _, name in self.by_use]
+        self.transfer_s = [float(size[name]) / hw.h2d_bytes_per_s for _, name in self.by_use]
+        self.late = bytearray(map(operator.gt, self.back_end_s, self.use_s))
         self.slack_after = [math.inf] * (len(names) + 1)  # least (first use - landing) from each position on
         self._update_slack(len(names))
 
     def _update_slack(self, upto: int) -> None:
-        first_use, by_use, back_end = self.facts.first_use_s, self.by_use, self.back_end_s
-        slack = [first_use[by_use[k][1]] - back_end[k] for k in range(upto)]
+        slack = list(map(operator.sub, self.use_s[:upto], self.back_end_s[:upto]))
         running = list(itertools.accumulate(reversed(slack), min, initial=self.slack_after[upto]))
         self.slack_after[:upto] = running[:0:-1]
 
@@ -171,62 +179,112 @@ class WindowBooking:
         by_made, out_end = self.by_made, self.out_end_s
         pos = bisect.bisect_left(by_made, made_key)
         free_at = out_end[pos - 1] if pos else 0.0
+        out_waited = bytearray((made_at[name] > free_at,))
         free_at = own_end = max(free_at, made_at[name]) + latency + size[name] / d2h
         moved: dict[str, float] = {name: own_end}
+        forward_s = facts.forward_time_s
+        count = len(by_made)
+        # From here on no recorded copy out waits for its tensor: the delay reaches the last one whole.
+        plain_after = self.out_waits.rfind(1) + 1
+        margin = self.margin_s
         i = pos
-        while i < len(by_made):
+        last_out_s = None
+        while i < count:
+            if i >= plain_after and i > pos and out_deadline_s is not None and not commit:
+                late_by = out_end[-1] + (free_at - out_end[i - 1])
+                if late_by > out_deadline_s + margin:
+                    return False
+                if late_by < min(out_deadline_s, forward_s) - margin:
+                    # Every copy out still ends in forward, so no copy back waits for one and
+                    # backward starts at the full rate: their exact ends do not matter.
+                    last_out_s = -math.inf
+                    break
             other = by_made[i][1]
+            out_waited.append(made_at[other] > free_at)
             end = max(free_at, made_at[other]) + latency + size[other] / d2h
             if end == out_end[i]:
+                out_waited.pop()
                 break
             free_at = moved[other] = end
             i += 1
-        last_out_s = out_end[-1] if i < len(by_made) else free_at
+        if last_out_s is None:
+            last_out_s = out_end[-1] if i < count else free_at
         if out_deadline_s is not None and last_out_s > out_deadline_s:
             return False
         # Copies back, earliest first use first, from the first one whose inputs changed.
-        forward_s = facts.forward_time_s
         tail_s = max(0.0, last_out_s - forward_s)
         by_use, back_end, late, slack_after = self.by_use, self.back_end_s, self.late, self.slack_after
         at = bisect.bisect_left(by_use, use_key)
-        moved_at = [bisect.bisect_left(by_use, (facts.first_use_s[n], n)) for n in moved if n != name]
+        # A copy out that moved changes its copy back only if that now waits for it: it is ready
+        # after the copy before it landed (which can only land later than recorded).
+        moved_at = []
+        for other, end in moved.items():
+            ready_s = end - forward_s
+            if other is not name and ready_s > 0.0:
+                k = bisect.bisect_left(by_use, (facts.first_use_s[other], other))
+                if ready_s > (back_end[k - 1] if k else 0.0):
+                    moved_at.append(k)
         last_moved = max(moved_at, default=-1)
         start = 0 if tail_s != self.tail_s else min(moved_at + [at])
         if not commit and late.find(1, 0, start) >= 0:
             return False
-        settled_s = max(tail_s, self.tail_s) if tail_s != self.tail_s else 0.0
-        first_use, end_of = facts.first_use_s, self.end_of
+        settled_s = max(tail_s, self.tail_s)
+        # From here on no recorded copy back waits for its copy out: past the changes and the
+        # duplex tail, the new landings are the recorded ones plus one delay.
+        plain_after = self.waits.rfind(1) + 1
+        first_use, end_of, waits = facts.first_use_s, self.end_of, self.waits
         now = back_end[start - 1] if start else 0.0
         walked: list[float] = []
+        waited = bytearray()
         j = start
+        count = len(by_use)
         while True:
             if j == at and len(walked) == j - start:
                 other = name  # the new copy goes before the recorded one at its place
-            elif j < len(by_use):
+            elif j < count:
                 other = by_use[j][1]
             else:
                 break
-            now = self._copy_back(now, moved.get(other, end_of.get(other, 0.0)) - forward_s, other, tail_s)
+            ready_s = moved.get(other, end_of.get(other, 0.0)) - forward_s
+            waited.append(ready_s > now)
+            now = self._copy_back(now, ready_s, other, tail_s)
             if now > first_use[other] and not commit:
                 return False
             walked.append(now)
             if other is name:
                 continue
             j += 1
-            if j > at and j > last_moved and now >= settled_s:
+            if j > at and j > last_moved and (now >= settled_s or tail_s == self.tail_s):
                 if now == back_end[j - 1]:
                     break  # the same landing as recorded, past every change: the rest is as recorded
-                if not commit and slack_after[j] > now - back_end[j - 1] + self.margin_s:
-                    return True  # the delay left fits in every later copy's slack
+                plain = j >= plain_after and back_end[j - 1] >= settled_s
+                if not commit:
+                    delay = now - back_end[j - 1]
+                    if slack_after[j] > delay + self.margin_s:
+                        return True  # the delay, which can only shrink, fits every later copy's slack
+                    if plain and slack_after[j] < delay - self.margin_s:
+                        return False  # the delay stays whole, and a later copy has less slack
+                elif plain:
+                    # No wait and no slowed start left: each copy lands its latency and transfer
+                    # after the one before (the arithmetic of _copy_back, without its branches).
+                    rest = list(itertools.accumulate(self.transfer_s[j:], lambda t, x: t + latency + x, initial=now))
+                    walked += rest[1:]
+                    waited += bytes(count - j)
+                    j = count
+                    break
         if not commit:
             return slack_after[j] >= 0
         by_made.insert(pos, made_key)
         out_end.insert(pos, own_end)
         out_end[pos + 1:pos + len(moved)] = [moved[by_made[k][1]] for k in range(pos + 1, pos + len(moved))]
+        self.out_waits[pos:pos + len(moved) - 1] = out_waited
         end_of.update(moved)
         by_use.insert(at, use_key)
+        self.use_s.insert(at, first_use[name])
+        self.transfer_s.insert(at, float(size[name]) / hw.h2d_bytes_per_s)
         back_end[start:j] = walked
-        late[start:j] = bytearray(w > first_use[by_use[start + k][1]] for k, w in enumerate(walked))
+        late[start:j] = bytearray(map(operator.gt, walked, self.use_s[start:start + len(walked)]))
+        waits[start:j] = waited
         slack_after.insert(at, 0.0)
         self._update_slack(start + len(walked))
         self.tail_s = tail_s
