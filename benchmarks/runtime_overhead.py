@@ -18,7 +18,7 @@ step's bit for bit (compiled rows: within float tolerance, as inductor reorders 
 On CPU a swap copies to CPU memory (no PCIe, no pinned pool), so the swap and recompute
 rows measure bookkeeping plus recompute compute, not GPU behaviour.
 
-    .venv/bin/python benchmarks/runtime_overhead.py [--steps 30] [--warmup 3] [--compiled] [--results FILE]
+    .venv/bin/python benchmarks/runtime_overhead.py [--steps 20] [--warmup 3] [--layers 2] [--compiled] [--results FILE]
     .venv/bin/python benchmarks/runtime_overhead.py --quick      # a few seconds, for the test suite
 """
 
@@ -47,6 +47,10 @@ KINDS = ("gpt2", "bert", "llama")
 PLAIN = "none (plain torch)"
 CHECKPOINT_BLOCKS = "torch.utils.checkpoint per block"
 BLOCK_LISTS = ("h", "layers")  # the examples' nn.ModuleList of transformer blocks
+BUDGET_DROPOUT = (
+    "below a budget of 1.0 PyTorch's partitioner may recompute dropout's random op in backward without "
+    "replaying its RNG state, so the backward draws another mask (docs/runtime.md, The compiled path)"
+)
 
 
 @dataclass
@@ -60,6 +64,8 @@ class Row:
     eager_plan: bool = False
     exact: bool = True
     same: bool | None = None
+    known_difference: str = ""
+    """Why this row may differ from plain without it being a failure of the run (a PyTorch behaviour)."""
     samples: list = field(default_factory=list)
 
 
@@ -136,7 +142,7 @@ def compiled_rows(model, batch, hardware: str) -> list[Row]:
     torch._dynamo.reset()
     with functorch_config.patch(activation_memory_budget=0.5):
         budgeted = Row("torch.compile, activation_memory_budget=0.5", runner=torch.compile(model, dynamic=False),
-                       exact=False)
+                       exact=False, known_difference=BUDGET_DROPOUT)
         budgeted.same = same_as_plain(model, batch, budgeted)  # compiles under the patch
     torch._dynamo.reset()
     planned = Row("slackswap.compile (slackswap, 0.5)", exact=False,
@@ -172,6 +178,7 @@ def measure(kind: str, config: ExampleConfig, args) -> tuple[int, list[Row]]:
         row.same = same_as_plain(model, batch, row)
     if args.compiled and kind in args.compiled_kinds.split(","):
         rows += compiled_rows(model, batch, args.hardware)
+    print(f"{kind}: {len(rows)} rows checked, timing ({time.strftime('%H:%M:%S')})", flush=True)
     time_rows(model, batch, rows, args.warmup, args.steps)
     return len(workload.ops), rows
 
@@ -221,20 +228,24 @@ def table(results: dict[str, tuple[int, list[Row]]], args, config: ExampleConfig
         for row in rows:
             m = med[row.name]
             per_op = f"{(m - plain) / ops * 1e6:.1f} us" if row.eager_plan else ""
-            same = "-" if row.same is None else "yes" if row.same else "NO"
+            same = "-" if row.same is None else "yes" if row.same else "NO" + ("*" if row.known_difference else "")
             lines.append(f"| {kind} | {ops} ops | {row.name} | {row.path} | {m * 1e3:.2f} ms "
                          f"| {min(row.samples) * 1e3:.2f} ms | {m / plain:.2f}x | {m / blocks:.2f}x | {per_op} "
                          f"| {same} |")
+    notes = sorted({row.known_difference for _, rows in results.values() for row in rows
+                    if row.same is False and row.known_difference})
+    if notes:
+        lines += ["", *[f"\\* NO: {note}." for note in notes]]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=30, help="timed steps per row")
+    parser.add_argument("--steps", type=int, default=20, help="timed steps per row")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps before them")
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--ffn", type=int, default=512)
-    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--layers", type=int, default=2, help="transformer blocks (2: the compiles fit in minutes)")
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--micro-batch", type=int, default=4)
     parser.add_argument("--hardware", default=DEFAULT_HARDWARE,
@@ -271,7 +282,8 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.results, "w", encoding="utf-8") as handle:
             handle.write("# Runtime overhead benchmark, side by side with PyTorch's tools and the compiled path\n\n"
                          + text + "\n")
-    return 0 if all(row.same is not False for _, rows in results.values() for row in rows) else 1
+    return 0 if all(row.same is not False or row.known_difference for _, rows in results.values() for row in rows) \
+        else 1
 
 
 if __name__ == "__main__":
