@@ -4,6 +4,7 @@ side by side with a previous version.
 
 Run: .venv/bin/python benchmarks/bench_planners.py [--repeats 3] [--out benchmarks/results/planners.md]
      .venv/bin/python benchmarks/bench_planners.py --speed-only [--previous COMMIT]
+     .venv/bin/python benchmarks/bench_planners.py --alone [LAYERS ...]  (appends to planning-speed.md)
 Prints medians; writes Markdown results tables. Speed targets live here, not in the tests.
 
 Speed (``--speed-only`` runs only this, into benchmarks/results/planning-speed.md): the previous
@@ -138,12 +139,12 @@ def repeatability(models=("bert-large", "gpt2-xl"), fraction: float = 0.5) -> li
     return out
 
 
-PREVIOUS = "e8647db"  # main before the incremental window checks and the leaner simulator (issue 17, item 4)
+PREVIOUS = "68b3499"  # main before the incremental window checks and the leaner simulator (issue 17, item 4)
 SPEED_CASES = [("llama-7b", None), ("bert-large", None), ("gpt2-xl", None)]
 SCALING_LAYERS = [12, 24, 48, 96, 192, 384, 768, 1024]
-SCALING_REPEATS_UP_TO = 96  # layer counts up to this get ``repeats`` runs (medians); longer ones one run
-STOP_AFTER_CPU_SECONDS = 60.0  # a version is not run on longer models once one of its runs takes this long
-HUGE_LAYERS = [2048, 3500]  # --huge: this version only, one run each (issue 15, defect 3)
+SCALING_REPEATS_UP_TO = 48  # layer counts up to this get ``repeats`` runs (medians); longer ones one run
+STOP_AFTER_CPU_SECONDS = 20.0  # a version is not run on longer models once one of its runs takes this long
+ALONE_LAYERS = [384, 768, 1024, 2048, 3500]  # --alone: this version only, one run each (issue 15, defect 3)
 
 _TIME_IN_A_PROCESS = """
 import json, sys, time
@@ -215,15 +216,15 @@ def speed_side_by_side(previous: str, repeats: int, fraction: float = 0.5) -> di
             "load": (load_before, os.getloadavg())}
 
 
-def huge_models(fraction: float = 0.5) -> list[dict]:
-    """This version alone on gpt2-xl at HUGE_LAYERS layers, one run each."""
+def alone(layer_counts: list[int], fraction: float = 0.5) -> list[dict]:
+    """This version alone on gpt2-xl at ``layer_counts`` layers, one run each."""
     src = Path(__file__).resolve().parent.parent / "src"
     rows = []
-    for layers in HUGE_LAYERS:
+    for layers in layer_counts:
         load = os.getloadavg()
         row = {"layers": layers, "load": load} | time_in_process(src, "gpt2-xl", layers, fraction)
         rows.append(row)
-        print(f"huge gpt2-xl layers={layers}: {row['seconds']:.1f} s wall, {row['cpu_seconds']:.1f} s CPU")
+        print(f"alone gpt2-xl layers={layers}: {row['seconds']:.1f} s wall, {row['cpu_seconds']:.1f} s CPU")
     return rows
 
 
@@ -270,8 +271,8 @@ def _load(averages) -> str:
     return " / ".join(f"{x:.1f}" for x in averages)
 
 
-def huge_markdown(rows: list[dict]) -> str:
-    lines = ["", "## Near the accepted layer limit (this version, one run each)", "",
+def alone_markdown(rows: list[dict]) -> str:
+    lines = ["", "## Longer models, this version alone (`--alone`, one run each)", "",
              "| workload | ops | wall | CPU | load at start (1/5/15 min) |", "|---|---:|---:|---:|---|"]
     for r in rows:
         lines.append(f"| gpt2-xl L{r['layers']} | {r['ops']} | {r['seconds']:.1f} s | {r['cpu_seconds']:.1f} s | "
@@ -350,13 +351,17 @@ def main() -> None:
     parser.add_argument("--speed-only", action="store_true", help="only the side-by-side planning speed")
     parser.add_argument("--previous", default=PREVIOUS, help="commit of the previous version (default %(default)s)")
     parser.add_argument("--speed-out", default="benchmarks/results/planning-speed.md")
-    parser.add_argument("--huge", action="store_true", help=f"also time this version at {HUGE_LAYERS} layers")
+    parser.add_argument("--alone", nargs="*", type=int, metavar="LAYERS",
+                        help=f"only time this version on gpt2-xl at these layer counts (default {ALONE_LAYERS}), one "
+                             "run each, and append the table to --speed-out")
     args = parser.parse_args()
+    if args.alone is not None:
+        text = Path(args.speed_out).read_text() + alone_markdown(alone(args.alone or ALONE_LAYERS))
+        write_text_atomic(args.speed_out, text)
+        print(f"wrote {args.speed_out}")
+        return
     speed = speed_side_by_side(args.previous, args.repeats)
-    text = speed_markdown(speed)
-    if args.huge:
-        text += huge_markdown(huge_models())
-    write_text_atomic(args.speed_out, text)
+    write_text_atomic(args.speed_out, speed_markdown(speed))
     print(f"wrote {args.speed_out}")
     if args.speed_only:
         return
