@@ -40,11 +40,11 @@ class OracleResult:
 
 
 class _CopyState:
-    def __init__(self, tensor: str, size: int, issued_s: float, latency_s: float) -> None:
+    def __init__(self, tensor: str, size: int, issued_s: float, bytes_from_s: float) -> None:
         self.tensor = tensor
         self.size = size
         self.issued_s = issued_s
-        self.bytes_from_s = issued_s + latency_s
+        self.bytes_from_s = bytes_from_s
         self.left = float(size)
 
 
@@ -109,9 +109,25 @@ def oracle_simulate(workload, hardware, plan, budget_bytes=None) -> OracleResult
     d2h_queue: list[str] = []
     d2h = None
     h2d = None
-    h2d_next = 0
     copied_out: set[str] = set()
     copied_in: set[str] = set()
+    issued: set[str] = set()  # copies back started or skipped
+    made_at: dict[str, float] = {}  # a swapped tensor's producer's forward end: its copy out is queued
+    out_at: dict[str, float] = {}  # a copy out's end
+    task_end_at: list[float] = []  # each compute task's end, in task order
+    last_end = {"d2h": None, "h2d": None}  # the last copy end of each direction
+
+    def bytes_from(direction: str, name: str) -> float:
+        """When a copy issued now starts moving bytes: after its latency, or, back to back behind
+        the copy that just ended, after its latency counted from when it was queued."""
+        if last_end[direction] != now:
+            return now + hardware.copy_latency_s
+        if direction == "d2h":
+            queued = made_at[name]
+        else:
+            queued = max(task_end_at[first_task_of_step[plan.prefetch_step[name]] - 1], out_at[name])
+        return max(now, queued + hardware.copy_latency_s)
+    cancelled: set[str] = set()  # swaps whose tensor was still on the device when needed back
 
     def fired(step: int) -> bool:
         # next_task moves on when a task ends, so this says every task before the step has ended.
@@ -134,6 +150,40 @@ def oracle_simulate(workload, hardware, plan, budget_bytes=None) -> OracleResult
         if kind == "backward":
             return []
         return [o for o in ops[i].outputs if o in action and o not in on_device]
+
+    def waited_for() -> list[str]:
+        """Swapped tensors the idle compute stream waits for before its next task, in h2d order."""
+        if running is not None or next_task >= len(tasks) or ready_at is not None:
+            return []
+        kind, i, step, _ = tasks[next_task]
+        if kind == "backward":
+            names = [s for s in reads_in_backward(i) if action[s] is Action.SWAP]
+        elif kind == "recompute":
+            names = [s for s in ops[i].inputs if action.get(s) is Action.SWAP and plan.prefetch_step[s] <= step]
+        else:
+            names = []
+        return [s for s in h2d_order if s in names and s not in copied_in]
+
+    def try_copy_back(name: str) -> bool:
+        """Skip (still on the device) or start the copy back of ``name``; False if it must wait."""
+        nonlocal h2d
+        if name in on_device:
+            group_owned.discard(name)
+            if name not in copied_out:
+                cancelled.add(name)
+            issued.add(name)
+            copied_in.add(name)
+            return True
+        if name in copied_out and in_use() + tensors[name].size_bytes <= limit:
+            on_device.add(name)
+            issued.add(name)
+            h2d = _CopyState(name, tensors[name].size_bytes, now, bytes_from("h2d", name))
+            return True
+        return False
+
+    def waits_for_memory(name: str) -> bool:
+        """The head of the h2d order waits for memory (not for its copy out)."""
+        return name in copied_out and in_use() + tensors[name].size_bytes > limit
 
     def rate(direction: str) -> float:
         if direction == "d2h":
@@ -170,24 +220,17 @@ def oracle_simulate(workload, hardware, plan, budget_bytes=None) -> OracleResult
                         duration = ops[task[1]].bwd_time_s if task[0] == "backward" else ops[task[1]].fwd_time_s
                         running = (task, now, now + duration)
                         started = True
+            d2h_queue[:] = [name for name in d2h_queue if name not in cancelled]
             if d2h is None and d2h_queue:
                 name = d2h_queue.pop(0)
-                d2h = _CopyState(name, tensors[name].size_bytes, now, hardware.copy_latency_s)
+                d2h = _CopyState(name, tensors[name].size_bytes, now, bytes_from("d2h", name))
                 started = True
-            if h2d is None and h2d_next < len(h2d_order):
-                name = h2d_order[h2d_next]
-                if fired(plan.prefetch_step[name]) and name in copied_out:
-                    if name in on_device:
-                        group_owned.discard(name)
-                        ok = True
-                    else:
-                        ok = in_use() + tensors[name].size_bytes <= limit
-                        if ok:
-                            on_device.add(name)
-                    if ok:
-                        h2d = _CopyState(name, tensors[name].size_bytes, now, hardware.copy_latency_s)
-                        h2d_next += 1
-                        started = True
+            pending = [name for name in h2d_order if name not in issued]
+            if h2d is None and pending and fired(plan.prefetch_step[pending[0]]):
+                if try_copy_back(pending[0]):
+                    started = True
+                elif waits_for_memory(pending[0]):
+                    started = any(try_copy_back(name) for name in waited_for() if name not in issued)
             out.peak_memory_bytes = max(out.peak_memory_bytes, in_use())
         if in_use() != last_recorded:
             out.memory_by_instant[now] = in_use()
@@ -198,10 +241,11 @@ def oracle_simulate(workload, hardware, plan, budget_bytes=None) -> OracleResult
             if next_task < len(tasks):
                 task = tasks[next_task]
                 if ready_at is not None:
-                    need = in_use() + sum(tensors[o].size_bytes for o in new_outputs(task))
+                    need, waited = in_use() + sum(tensors[o].size_bytes for o in new_outputs(task)), None
                 else:
-                    need = in_use() + tensors[h2d_order[h2d_next]].size_bytes
-                raise InfeasiblePlanError("stuck", needed_bytes=need, budget_bytes=int(limit))
+                    waited = waited_for()[0]
+                    need = in_use() + tensors[waited].size_bytes
+                raise InfeasiblePlanError(f"stuck waiting for {waited!r}", needed_bytes=need, budget_bytes=int(limit))
             break
 
         # ---- the next instant, and the bytes each copy moves until then
@@ -226,6 +270,7 @@ def oracle_simulate(workload, hardware, plan, budget_bytes=None) -> OracleResult
             if kind == "forward":
                 forward_done = i
                 d2h_queue.extend(o for o in ops[i].outputs if action.get(o) is Action.SWAP)
+                made_at.update((o, now) for o in ops[i].outputs if action.get(o) is Action.SWAP)
                 for name in ops[i].inputs + ops[i].outputs:
                     if name in action and last_forward_use(name) == i:
                         if action[name] is Action.RECOMPUTE or (action[name] is Action.SWAP and name in copied_out):
@@ -243,19 +288,23 @@ def oracle_simulate(workload, hardware, plan, budget_bytes=None) -> OracleResult
                     if last_backward_reader(name) == i and tensors[name].producer is not None:
                         on_device.discard(name)
             running = None
+            task_end_at.append(now)
             next_task += 1
             idle_since = now
             ready_at = None
             out.step_time_s = now
         if d2h is not None and ends["d2h"] == now:
             copied_out.add(d2h.tensor)
+            out_at[d2h.tensor] = now
+            last_end["d2h"] = now
             out.d2h_bytes += d2h.size
             out.copies.append(("d2h", d2h.tensor, d2h.issued_s, now))
-            if last_forward_use(d2h.tensor) <= forward_done:
+            if last_forward_use(d2h.tensor) <= forward_done and d2h.tensor not in cancelled:
                 on_device.discard(d2h.tensor)
             d2h = None
         if h2d is not None and ends["h2d"] == now:
             copied_in.add(h2d.tensor)
+            last_end["h2d"] = now
             out.h2d_bytes += h2d.size
             out.copies.append(("h2d", h2d.tensor, h2d.issued_s, now))
             h2d = None

@@ -119,13 +119,45 @@ def test_copy_latency_is_added_to_every_copy():
 
 
 def test_swapped_tensor_stays_until_both_its_copy_out_and_last_forward_use_end():
+    w = chain(4)
+    t = simulate(w, link(d2h=25.0), plan_for(w, {"a0": S}, {"a0": 2}))
+    # The copy out takes 4 s ([1, 5)); op1, the last forward user of a0, ends at 2 s. a0 leaves at 5 s
+    # (in use: x + a1 + a2 = 201 B), and comes back when step 2 is triggered (Bw(op2) ends at 8 s).
+    assert spans(t, "copy_out") == [("a0", 1.0, 5.0)]
+    assert (5.0, 201) in t.memory
+    assert spans(t, "copy_in") == [("a0", 8.0, 9.0)]
+
+
+def test_a_swap_still_on_the_device_when_needed_back_is_cancelled():
+    # Behaviour changed by issue 16: the copy back used to wait for the copy out (ending at 5 s),
+    # free a0, copy it back in [5, 6) and stall Bw(op1) 1 s. Now at the step-0 trigger (3 s) a0 is
+    # still on the device, so its copy back is skipped and a0 stays: no copy in, no stall.
     w = chain(3)
     t = simulate(w, link(d2h=25.0), plan_for(w, {"a0": S}, {"a0": 0}))
-    # The copy out takes 4 s ([1, 5)); op1, the last forward user of a0, ends at 2 s. a0 leaves at 5 s,
-    # its copy back starts then (5 s) and lands at 6 s, just after Bw(op2) ends at 5 s.
     assert spans(t, "copy_out") == [("a0", 1.0, 5.0)]
-    assert spans(t, "copy_in") == [("a0", 5.0, 6.0)]
-    assert (5.0, 101) in t.memory and t.stall_copy_s == 1.0
+    assert spans(t, "copy_in") == [] and t.h2d_bytes == 0 and t.d2h_bytes == 100
+    assert t.stall_copy_s == 0.0 and t.step_time_s == t.ideal_step_time_s == 9.0
+    # a0 never leaves before its last backward reader: x + a0 (+ a1 until Bw(op2) ends at 5 s).
+    assert t.memory == ((0.0, 0), (0.0, 1), (0.0, 101), (1.0, 201), (5.0, 101), (7.0, 1))
+
+
+def test_a_copy_queued_behind_another_launches_while_it_runs():
+    """Launch latency overlaps for queued copies (docs/simulator.md, an assumption, issue 16).
+
+    op0 makes a (ends 1 s), op1 makes b (ends 2.25 s), op2 reads both (2.25-4.25 s); 0.5 s latency,
+    100 B/s. a goes out on an idle stream: bytes from 1.5 s, ends 2.5 s. b, queued at 2.25 s, starts
+    back to back at 2.5 s and moves bytes from max(2.5, 2.25 + 0.5) = 2.75 s: a quarter second of
+    its latency hidden, ends 3.75 s. At the step-0 trigger (4.25 s) a goes back on an idle stream
+    (bytes from 4.75 s, ends 5.75 s); b, queued since 4.25 s, follows back to back with its whole
+    latency hidden: 5.75-6.75 s. Bw(op2) waits 2.5 s; with latency paid by every copy it was 3 s.
+    """
+    w = dag([("op0", ["x"], ["a"]), ("op1", ["x"], ["b"]), ("op2", ["a", "b"], ["y"])],
+            {"x": 1, "a": 100, "b": 100, "y": 1}, {"x": ["op0", "op1"], "a": ["op2"], "b": ["op2"]},
+            fwd_time_s={"op0": 1.0, "op1": 1.25, "op2": 2.0})
+    t = simulate(w, link(latency=0.5), plan_for(w, {"a": S, "b": S}, {"a": 0, "b": 0}))
+    assert spans(t, "copy_out") == [("a", 1.0, 2.5), ("b", 2.5, 3.75)]
+    assert spans(t, "copy_in") == [("a", 4.25, 5.75), ("b", 5.75, 6.75)]
+    assert t.stall_copy_s == 2.5 and t.step_time_s == t.ideal_step_time_s + 2.5 == 12.75
 
 
 # ---- recompute -----------------------------------------------------------------------------
@@ -172,11 +204,45 @@ def test_copy_back_of_a_tensor_a_group_recreated_is_counted_once():
             {"x": 1, "p": 100, "q": 100, "r": 1}, {"x": ["op0"], "p": ["op1"], "q": ["op1"]})
     plan = plan_for(w, {"p": S, "q": R}, {"p": 0})
     t = simulate(w, link(), plan)
-    assert spans(t, "recompute") == [("op0", 2.0, 3.0)] and spans(t, "copy_in") == [("p", 2.0, 3.0)]
+    # Behaviour changed by issue 16: the copy back of p, which the group has just rebuilt, is dropped
+    # (it used to move p's 100 B again in [2, 3)).
+    assert spans(t, "recompute") == [("op0", 2.0, 3.0)] and spans(t, "copy_in") == [] and t.h2d_bytes == 0
     assert t.peak_memory_bytes == 201
     # Bw(op1) drops p and q at 5 s; before the fix p was counted twice and never left.
     assert t.memory[-1] == (5.0, 1) and t.step_time_s == 7.0
 
+
+
+def out_of_order_workload(a0: int = 200):
+    """op0: x -> a0 (swapped, read by Bw(op1)); op1: a0 -> a1 (swapped, 100 B, read by Bw(op2));
+    op2: a1 -> a2 (10 B, kept, read by Bw(op3)) and k (300 B, kept, read by Bw(op2)); op3: a2 -> y."""
+    return dag([("op0", ["x"], ["a0"]), ("op1", ["a0"], ["a1"]), ("op2", ["a1"], ["a2", "k"]), ("op3", ["a2"], ["y"])],
+               {"x": 1, "a0": a0, "a1": 100, "a2": 10, "k": 300, "y": 1},
+               {"x": ["op0"], "a0": ["op1"], "a1": ["op2"], "a2": ["op3"], "k": ["op2"]})
+
+
+def test_a_copy_back_compute_waits_for_may_pass_a_head_that_does_not_fit():
+    # Behaviour added by issue 16. At 200 B/s: a0 out [1, 2), a1 out [2, 2.5). Forward peaks at
+    # x + a1 + a2 + k = 411 B. From the step-0 trigger (4 s) in use is 311 B (301 after Bw(op3) at
+    # 6 s), so a0 (prefetch 0, head of the h2d order) never fits 420 B before step 1 ends. Bw(op2)
+    # waits for a1 (prefetch 1), which fits: it goes first, [6, 6.5); the old in-order stream
+    # declared the plan infeasible here. Then a0 at 8.5 s, after Bw(op2) freed a1 and k.
+    w = out_of_order_workload()
+    plan = plan_for(w, {"a0": S, "a1": S}, {"a0": 0, "a1": 1})
+    t = simulate(w, link(d2h=200.0, h2d=200.0), plan, 420)
+    assert spans(t, "copy_in") == [("a1", 6.0, 6.5), ("a0", 8.5, 9.5)]
+    assert spans(t, "stall_copy") == [("op2", 6.0, 6.5), ("op1", 8.5, 9.5)]
+    assert t.step_time_s == t.ideal_step_time_s + 1.5 == 13.5 and t.peak_memory_bytes == 411
+
+
+def test_infeasibility_names_the_tensor_waited_for_and_its_bytes():
+    # a0 (150 B) fits at the step-0 trigger and comes back early; in step 1, 451 B are in use
+    # (x, k, a0) and a1 (100 B) needs 551 B of 461: nothing can free memory.
+    w = out_of_order_workload(a0=150)
+    plan = plan_for(w, {"a0": S, "a1": S}, {"a0": 0, "a1": 1})
+    with pytest.raises(InfeasiblePlanError, match=r"the copy back of 'a1' that backward of 'op2' waits for") as info:
+        simulate(w, link(d2h=200.0, h2d=200.0), plan, 461)
+    assert (info.value.needed_bytes, info.value.budget_bytes) == (551, 461)
 
 # ---- duplex --------------------------------------------------------------------------------
 
@@ -219,11 +285,13 @@ def test_latency_counts_as_in_flight_for_duplex():
     w = skip_workload()
     plan = plan_for(w, {"e": S, "b": S}, {"e": 0, "b": 0})
     t = simulate(w, link(duplex_h2d=0.5, latency=0.5), plan)
-    # e out: [1, 2.5); b out issued at 2.5 s, bytes from 3 s, lands at 6 s. e back issued at 4 s, bytes
-    # from 4.5 s at 50 B/s until 6 s (75 B), then 25 B at 100 B/s: lands at 6.25 s.
-    assert spans(t, "copy_out") == [("e", 1.0, 2.5), ("b", 2.5, 6.0)]
-    assert spans(t, "copy_in")[0] == ("e", 4.0, 6.25)
-    assert t.stall_copy_s == 2.25
+    # e out: [1, 2.5). b, queued at 2 s, starts back to back at 2.5 s with its latency hidden (issue 16;
+    # it used to move bytes from 3 s and land at 6 s): bytes from max(2.5, 2 + 0.5) = 2.5 s, lands at
+    # 5.5 s. e back issued at 4 s, bytes from 4.5 s at 50 B/s while b is in flight, until 5.5 s (50 B),
+    # then 50 B at 100 B/s: lands at 6 s.
+    assert spans(t, "copy_out") == [("e", 1.0, 2.5), ("b", 2.5, 5.5)]
+    assert spans(t, "copy_in")[0] == ("e", 4.0, 6.0)
+    assert t.stall_copy_s == 2.0
 
 
 # ---- memory waits and the budget -----------------------------------------------------------

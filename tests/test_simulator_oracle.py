@@ -119,6 +119,10 @@ def check_case(workload, hardware, plan, budget, seen: Counter) -> None:
         except InfeasiblePlanError as error:
             assert (error.needed_bytes, error.budget_bytes) == (oracle_error.needed_bytes, oracle_error.budget_bytes)
             assert error.needed_bytes > error.budget_bytes
+            message = str(oracle_error)
+            if message.startswith("stuck waiting for ") and not message.endswith("None"):
+                # The copy back the compute stream waits for is the one the error names.
+                assert f"the copy back of {message.removeprefix('stuck waiting for ')} that" in str(error)
             seen["infeasible"] += 1
             return
         raise AssertionError("the oracle found the plan infeasible, the simulator did not")
@@ -153,6 +157,15 @@ def check_case(workload, hardware, plan, budget, seen: Counter) -> None:
     seen["duplex overlap"] += _overlapping_copies(timeline) and (
         hardware.duplex_h2d_factor < 1 or hardware.duplex_d2h_factor < 1)
     seen["budget binds"] += budget is not None and timeline.peak_memory_bytes == budget
+    # the copy rules of issue 16 (docs/simulator.md)
+    copied_back = [e.name for e in timeline.events if e.kind == "copy_in"]
+    swapped = [c.tensor for c in plan.schedule.copy_backs]
+    seen["skipped copy back"] += len(copied_back) < len(swapped)
+    seen["out of order"] += copied_back != [n for n in swapped if n in copied_back]
+    for stream in ("d2h", "h2d"):
+        ends = {e.end_s for e in timeline.events if e.stream == stream}
+        seen["launch overlapped"] += hardware.copy_latency_s > 0 and any(
+            e.start_s in ends for e in timeline.events if e.stream == stream)
 
 
 def test_simulator_agrees_with_the_oracle(summary_lines):
@@ -169,11 +182,14 @@ def test_simulator_agrees_with_the_oracle(summary_lines):
     summary_lines.append(
         f"simulator vs oracle: {total} random cases agree ({seen['feasible']} feasible, "
         f"{seen['infeasible']} infeasible; {seen['stall_copy']} with copy stalls, {seen['stall_memory']} with "
-        f"memory stalls, {seen['recompute']} with recompute, {seen['duplex overlap']} with duplex overlap)"
+        f"memory stalls, {seen['recompute']} with recompute, {seen['duplex overlap']} with duplex overlap, "
+        f"{seen['skipped copy back']} with a skipped copy back, {seen['out of order']} out of order, "
+        f"{seen['launch overlapped']} stream-cases with an overlapped launch)"
     )
     assert total >= 500
     # The generator must reach every kind of behaviour, or agreement means little.
-    for key in ("infeasible", "stall_copy", "stall_memory", "recompute", "duplex overlap", "budget binds"):
+    for key in ("infeasible", "stall_copy", "stall_memory", "recompute", "duplex overlap", "budget binds",
+                "skipped copy back", "launch overlapped"):
         assert seen[key] >= 10, (key, seen)
 
 

@@ -16,10 +16,18 @@ Lower bounds, each valid whatever the undecided tensors become (keeping costs no
   tried (k past the last op is the end of forward: all kept tensors);
 - compute: the ideal step plus one forward run of each producer of a recomputed tensor (the
   compute stream runs one op at a time);
-- copies, at the full link rate with the per-copy latency: a swapped tensor is made, copied
-  out, copied back, and then every backward op from its last reader down still runs; the copy
-  out that ends last on the D2H stream, and the copy back that ends last on H2D, each add the
-  same tail.
+- copies, at the full link rate: a swapped tensor that surely makes the round trip is made,
+  copied out, copied back, and then every backward op from its last reader down still runs; the
+  copy out that ends last on the D2H stream, and the copy back that ends last on H2D, each add
+  the same tail. Queued copies overlap their latency, so each stream's bound counts the bytes of
+  every copy and the latency once, from each copy's ready time. Since a swap is cancelled when its tensor is still
+  on the device at its copy back (docs/simulator.md), a swap surely round-trips only when (a)
+  its copy out ends before forward does even if every candidate queued from its own back to it
+  is swapped: for each such start, the copies' latency plus bytes at the full rate (there is no
+  copy back in forward, so no duplex slowdown) fit in the forward time left after that start's
+  producer; and (b) no recompute group can rebuild it: its producer is no ancestor of the
+  producer of any tensor that is, or may yet be, recomputed. Undecided tensors count as swapped
+  in (a) and recomputed in (b), so the bound holds for every completion.
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ from .search import Search
 EXACT_MAX_CANDIDATES = 12
 EXACT_MAX_SIMULATIONS = 4000
 _ROUNDING = 1e-12  # bounds are sums taken in another order than the simulator's
+_MARGIN = 1e-9  # a copy out must end this clearly before forward does to count as surely done
 
 
 @dataclass(frozen=True)
@@ -61,7 +70,9 @@ class Bounds:
         fwd_end = list(itertools.accumulate(op.fwd_time_s for op in w.ops))
         # backward time of ops[0..i]: what still runs once op i's backward may start
         bwd_through = list(itertools.accumulate(op.bwd_time_s for op in w.ops))
+        self.latency_s = hardware.copy_latency_s
         self.made_s, self.tail_s, self.out_s, self.in_s = {}, {}, {}, {}
+        self.out_bytes_s, self.in_bytes_s = {}, {}  # without the latency
         self.first_read, self.last_read = {}, {}  # backward readers' op indices, min and max
         for name in facts.candidates:
             tensor = w.tensor_by_name[name]
@@ -69,26 +80,87 @@ class Bounds:
             self.first_read[name], self.last_read[name] = min(readers), max(readers)
             self.made_s[name] = fwd_end[w.op_index[tensor.producer]]
             self.tail_s[name] = bwd_through[max(readers)]
-            self.out_s[name] = hardware.copy_latency_s + tensor.size_bytes / hardware.d2h_bytes_per_s
-            self.in_s[name] = hardware.copy_latency_s + tensor.size_bytes / hardware.h2d_bytes_per_s
+            self.out_bytes_s[name] = tensor.size_bytes / hardware.d2h_bytes_per_s
+            self.in_bytes_s[name] = tensor.size_bytes / hardware.h2d_bytes_per_s
+            self.out_s[name] = hardware.copy_latency_s + self.out_bytes_s[name]
+            self.in_s[name] = hardware.copy_latency_s + self.in_bytes_s[name]
         # Bytes on the device when backward op k runs whatever the assignment (Facts); kept tensors
         # add to this (peak_bytes, and branch_and_bound in place).
         self.held = list(facts.held_whatever_bytes)
+        # Copy-out queue order (producer, then its outputs' order) and the forward time left
+        # after each candidate's producer ends (rule (a) of the module docstring).
+        self.queue = sorted(facts.candidates, key=lambda n: (w.op_index[self.producer[n]],
+                                                             w.saved_outputs[w.op_index[self.producer[n]]].index(n)))
+        self.fwd_left_s = {n: fwd_end[-1] - self.made_s[n] for n in facts.candidates}
+        self.ancestors = _ancestor_ops(w, {self.producer[n] for n in facts.candidates})
 
-    def step_time_s(self, recomputed: list[str], swapped: list[str]) -> float:
+    def round_trips(self, swapped: list[str], maybe_swapped: list[str], maybe_recomputed: list[str]) -> list[str]:
+        """The tensors of ``swapped`` surely copied out and back (rules (a) and (b) above), with
+        ``maybe_swapped`` a superset of every swap and ``maybe_recomputed`` of every recompute."""
+        queued = set(maybe_swapped)
+        rebuildable: set[str] = set()
+        for name in maybe_recomputed:
+            rebuildable |= self.ancestors[self.producer[name]]
+        wanted = set(swapped)
+        surely: list[str] = []
+        copies: list[str] = []  # queued so far, in queue order
+        for name in self.queue:
+            if name not in queued:
+                continue
+            copies.append(name)
+            if name not in wanted or self.producer[name] in rebuildable:
+                continue
+            busy = 0.0
+            ends_in_forward = True
+            for start in reversed(copies):  # every start of the busy period that ends with this copy
+                busy += self.out_s[start]
+                if busy * (1 + _MARGIN) + _MARGIN >= self.fwd_left_s[start]:
+                    ends_in_forward = False
+                    break
+            if ends_in_forward:
+                surely.append(name)
+        return surely
+
+    def step_time_s(self, recomputed: list[str], swapped: list[str], undecided: list[str] = ()) -> float:
+        """A lower bound on the step time of every completion of the partial assignment (tensors
+        in ``undecided`` may still become anything)."""
         rerun = sorted({self.producer[n] for n in recomputed})
         bound = self.ideal_s + math.fsum(self.fwd_s[op] for op in rerun)
-        if swapped:
+        moved = self.round_trips(swapped, [*swapped, *undecided], [*recomputed, *undecided]) if swapped else []
+        if moved:
+            # A copy moves no byte before its latency has passed since it was queued (and queued
+            # copies overlap their latencies, docs/simulator.md): each stream's transfers run one at
+            # a time, the transfer of n from its ready time plus the latency.
+            lat = self.latency_s
             bound = max(
                 bound,
-                one_stream_bound([(self.made_s[n], self.out_s[n], self.in_s[n] + self.tail_s[n]) for n in swapped]),
-                one_stream_bound([(self.made_s[n] + self.out_s[n], self.in_s[n], self.tail_s[n]) for n in swapped]),
+                one_stream_bound([(self.made_s[n] + lat, self.out_bytes_s[n], self.in_s[n] + self.tail_s[n])
+                                  for n in moved]),
+                one_stream_bound([(self.made_s[n] + self.out_s[n] + lat, self.in_bytes_s[n], self.tail_s[n])
+                                  for n in moved]),
             )
         return bound
 
     def peak_bytes(self, kept: list[str], size: dict[str, int]) -> int:
         """A lower bound on the peak of any plan that keeps ``kept``."""
         return self.facts.peak_floor_bytes(kept)
+
+
+def _ancestor_ops(workload: Workload, ops: set[str]) -> dict[str, set[str]]:
+    """For each op of ``ops``, itself and every op whose outputs it reads, transitively: the ops a
+    recompute group that re-runs it may re-run too."""
+    result: dict[str, set[str]] = {}
+    for name in ops:
+        seen, todo = {name}, [name]
+        while todo:
+            op = workload.ops[workload.op_index[todo.pop()]]
+            for tensor in op.inputs:
+                producer = workload.tensor_by_name[tensor].producer
+                if producer is not None and producer not in seen:
+                    seen.add(producer)
+                    todo.append(producer)
+        result[name] = seen
+    return result
 
 
 def one_stream_bound(jobs: list[tuple[float, float, float]]) -> float:
@@ -130,7 +202,7 @@ def branch_and_bound(search: Search, incumbent: Candidate, *,
         if not complete:
             return
         # Ties are dropped too: the search is exact in step time, not in the tie-breaks.
-        if bounds.step_time_s(recomputed, swapped) >= best.step_time_s * (1 - _ROUNDING):
+        if bounds.step_time_s(recomputed, swapped, names[i:]) >= best.step_time_s * (1 - _ROUNDING):
             return
         if i == len(names):
             if simulations >= max_simulations:

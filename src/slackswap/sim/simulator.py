@@ -81,20 +81,28 @@ class _Simulation:
         # compute stream
         self.ci = 0
         self.compute_busy = False
+        self.compute_end_s = 0.0  # the step time: a cancelled swap's copy out may end after the last task
         self.idle_since = 0.0
         self.data_ready_at: float | None = None
         self.group_allocs: list[str] = []
         self.fwd_done_upto = -1  # index of the last completed forward op
         self.triggered_step = -1
+        self.trigger_s: dict[int, float] = {}  # when each step's trigger fired
         # copy streams
         self.d2h_queue: list[str] = []
         self.d2h_head = 0
         self.d2h: _Copy | None = None
         self.d2h_done: set[str] = set()
+        self.queued_s: dict[str, float] = {}  # when each copy out joined its queue
+        self.d2h_end_s: dict[str, float] = {}  # when each copy out ended
+        self.last_copy_end_s = {"d2h": -math.inf, "h2d": -math.inf}
         self.h2d_order = [c.tensor for c in plan.schedule.copy_backs]
+        self.h2d_position = {name: i for i, name in enumerate(self.h2d_order)}
         self.h2d_head = 0
         self.h2d: _Copy | None = None
+        self.h2d_issued: set[str] = set()  # started or skipped
         self.h2d_done: set[str] = set()
+        self.cancelled: set[str] = set()  # swaps whose tensor was still on the device when needed back
         # totals
         self.d2h_bytes = 0
         self.h2d_bytes = 0
@@ -175,9 +183,15 @@ class _Simulation:
         copy.rate = new_rate
         self._schedule_end(copy, direction)
 
-    def _start_copy(self, direction: str, tensor: str) -> _Copy:
+    def _start_copy(self, direction: str, tensor: str, queued_s: float) -> _Copy:
         size = self.size[tensor]
-        copy = _Copy(tensor, size, self.now, self.now + self.hw.copy_latency_s, float(size), last_s=self.now)
+        latency = self.hw.copy_latency_s
+        if self.last_copy_end_s[direction] == self.now:
+            # Back to back: it was launched while the copy before it ran (docs/simulator.md).
+            transfer_start_s = max(self.now, queued_s + latency)
+        else:
+            transfer_start_s = self.now + latency
+        copy = _Copy(tensor, size, self.now, transfer_start_s, float(size), last_s=self.now)
         if direction == "d2h":
             self.d2h = copy
         else:
@@ -188,39 +202,78 @@ class _Simulation:
         return copy
 
     def _try_d2h(self) -> bool:
+        while self.d2h_head < len(self.d2h_queue) and self.d2h_queue[self.d2h_head] in self.cancelled:
+            self.d2h_head += 1  # the swap was cancelled before its copy out began
         if self.d2h is not None or self.d2h_head >= len(self.d2h_queue):
             return False
         tensor = self.d2h_queue[self.d2h_head]
         self.d2h_head += 1
-        self._start_copy("d2h", tensor)
+        self._start_copy("d2h", tensor, self.queued_s[tensor])
         return True
 
     def _try_h2d(self) -> bool:
-        if self.h2d is not None or self.h2d_head >= len(self.h2d_order):
+        order = self.h2d_order
+        while self.h2d_head < len(order) and order[self.h2d_head] in self.h2d_issued:
+            self.h2d_head += 1
+        if self.h2d is not None or self.h2d_head >= len(order):
             return False
-        tensor = self.h2d_order[self.h2d_head]
-        if self.plan.prefetch_step[tensor] > self.triggered_step or tensor not in self.d2h_done:
+        tensor = order[self.h2d_head]
+        if self.plan.prefetch_step[tensor] > self.triggered_step:
             return False
+        if self._issue_h2d(tensor):
+            return True
+        # The head does not fit: a tensor the idle compute stream waits for may go first.
+        for name in self._waited_for():
+            if self._issue_h2d(name):
+                return True
+        return False
+
+    def _issue_h2d(self, tensor: str) -> bool:
+        """Skip or start the copy back of ``tensor``; False when it must wait."""
         if tensor in self.present:
-            # A recompute group re-created it (its producer also makes a tensor this step needs):
-            # the copy takes no new memory and the tensor now outlives the group.
-            self.group_allocs.remove(tensor)
-        elif not self._fits(self.size[tensor]):
+            # Still on the device: a recompute group re-created it (the copy back is dropped), or
+            # its copy out has not ended (the swap is cancelled). Nothing moves; the tensor now
+            # stays until its last backward reader.
+            if tensor in self.group_allocs:
+                self.group_allocs.remove(tensor)
+            if tensor not in self.d2h_done:
+                self.cancelled.add(tensor)
+            self.h2d_issued.add(tensor)
+            self.h2d_done.add(tensor)
+            return True
+        if tensor not in self.d2h_done or not self._fits(self.size[tensor]):
             return False
-        else:
-            self._alloc([tensor])
-        self.h2d_head += 1
-        self._start_copy("h2d", tensor)
+        self._alloc([tensor])
+        self.h2d_issued.add(tensor)
+        queued_s = max(self.trigger_s[self.plan.prefetch_step[tensor]], self.d2h_end_s[tensor])
+        self._start_copy("h2d", tensor, queued_s)
         return True
+
+    def _waited_for(self) -> list[str]:
+        """Swapped tensors the compute stream, idle, waits for before its next task, in h2d order."""
+        if self.compute_busy or self.ci >= len(self.tasks) or self.data_ready_at is not None:
+            return []
+        task = self.tasks[self.ci]
+        op = self.w.ops[task.op_index]
+        if task.kind == _BACKWARD:
+            names = [t for t in self.w.bwd_reads[op.name] if self.actions[t] is Action.SWAP]
+        elif task.kind == _RECOMPUTE:
+            names = [t for t in op.inputs
+                     if self.actions.get(t) is Action.SWAP and self.plan.prefetch_step[t] <= task.step]
+        else:
+            return []
+        return sorted((t for t in names if t not in self.h2d_done), key=self.h2d_position.__getitem__)
 
     def _end_copy(self, direction: str, copy: _Copy) -> None:
         self.events.append((direction, "copy_out" if direction == "d2h" else "copy_in", copy.tensor,
                             copy.start_s, self.now, copy.size_bytes, self._current_step()))
+        self.last_copy_end_s[direction] = self.now
         if direction == "d2h":
             self.d2h = None
             self.d2h_bytes += copy.size_bytes
             self.d2h_done.add(copy.tensor)
-            if self.w.last_fwd_use[copy.tensor] <= self.fwd_done_upto:
+            self.d2h_end_s[copy.tensor] = self.now
+            if self.w.last_fwd_use[copy.tensor] <= self.fwd_done_upto and copy.tensor not in self.cancelled:
                 self._free(copy.tensor)
             self._rerate("h2d")
         else:
@@ -295,6 +348,7 @@ class _Simulation:
             for name in self.saved_outputs[task.op_index]:
                 if self.actions[name] is Action.SWAP:
                     self.d2h_queue.append(name)
+                    self.queued_s[name] = self.now
             for name in self.w.last_fwd_use_of_saved[task.op_index]:
                 action = self.actions[name]
                 if action is Action.RECOMPUTE or (action is Action.SWAP and name in self.d2h_done):
@@ -312,11 +366,13 @@ class _Simulation:
             for name in self.w.last_bwd_read_of[task.op_index]:
                 self._free(name)
         self.compute_busy = False
+        self.compute_end_s = self.now
         self.ci += 1
         self.idle_since = self.now
         self.data_ready_at = None
         if self.ci < len(self.tasks) and self.tasks[self.ci].first_of_step:
             self.triggered_step = self.tasks[self.ci].step
+            self.trigger_s[self.triggered_step] = self.now
 
     # ---- main loop ----------------------------------------------------------------------
     def _dispatch(self) -> None:
@@ -380,7 +436,8 @@ class _Simulation:
             need = self.mem + sum(self.size[a] for a in self._allocation(task))
             what = f"{task.kind} of {op.name!r}"
         else:
-            head = self.h2d_order[self.h2d_head] if self.h2d_head < len(self.h2d_order) else None
+            waited = self._waited_for()
+            head = waited[0] if waited else None
             need = self.mem + (self.size[head] if head else 0)
             what = f"the copy back of {head!r} that {task.kind} of {op.name!r} waits for"
         raise InfeasiblePlanError(
@@ -427,7 +484,7 @@ def simulate(
     sim.run()
     return Timeline(
         workload_name=workload.name, hardware_name=hardware.name, policy=plan.policy,
-        budget_bytes=budget_bytes, step_time_s=sim.now, ideal_step_time_s=workload.ideal_step_time_s,
+        budget_bytes=budget_bytes, step_time_s=sim.compute_end_s, ideal_step_time_s=workload.ideal_step_time_s,
         peak_memory_bytes=sim.peak, d2h_bytes=sim.d2h_bytes, h2d_bytes=sim.h2d_bytes,
         recompute_time_s=sim.recompute_time, stall_copy_s=sim.stall_copy, stall_memory_s=sim.stall_memory,
         events=events_of(sim.events, event_records), memory=tuple(sim.memory),
