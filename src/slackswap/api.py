@@ -255,15 +255,20 @@ def fit(
     seq_lens: Any = None,
     policies: Any = None,
     progress: Any = None,
+    layout: dict[str, Any] | None = None,
+    pipeline_micro_batches: int | None = None,
     **device: Any,
 ):
     """Which micro-batch sizes and sequence lengths of built-in ``model`` fit ``gpu_memory`` under
-    each policy, and at what simulated throughput (a ``slackswap.experiments.fit.FitResult``)."""
+    each policy, and at what simulated throughput (a ``slackswap.experiments.fit.FitResult``).
+    ``layout`` overrides model spec fields, such as ``{"tensor_parallel": 8, "pipeline_parallel": 2}``
+    (the table is then one rank's); ``pipeline_micro_batches`` is m for the 1F1B bubble (default 4p)."""
     from .experiments.fit import DEFAULT_MICRO_BATCHES, DEFAULT_POLICIES, fit as fit_table
 
     return fit_table(model, get_hardware(hardware), gpu_memory_bytes_for(gpu_memory),
                      micro_batches=micro_batches or DEFAULT_MICRO_BATCHES, seq_lens=seq_lens,
-                     policies=policies or DEFAULT_POLICIES, options=_device_options(device), progress=progress)
+                     policies=policies or DEFAULT_POLICIES, options=_device_options(device), progress=progress,
+                     pipeline_micro_batches=pipeline_micro_batches, **(layout or {}))
 
 
 def compile(model: Any, batch: Any = None, loss_fn: Any = None, *, hardware: Hardware | str = DEFAULT_HARDWARE,

@@ -31,6 +31,9 @@ def register(subparsers) -> None:
                         help="micro-batch sizes to try (default 1,2,4,8,16)")
     parser.add_argument("--seq-lens", dest="seq_lens", default=None, metavar="LIST",
                         help="sequence lengths to try (default: the model's)")
+    parser.add_argument("--pp-micro-batches", dest="pipeline_micro_batches", type=int, default=None, metavar="M",
+                        help="with --pp: micro-batches per optimizer step through the pipeline, for tokens/s "
+                        "(1F1B bubble (p-1)/(M+p-1); default 4 x --pp)")
     parser.add_argument("--policies", default="ideal,full-recompute,slackswap", metavar="A,B",
                         help="policies to try (default ideal,full-recompute,slackswap)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -54,7 +57,8 @@ def run(args) -> int:
         gpu = hardware.hbm_capacity_bytes
     with progress_reporter("fit", quiet=args.quiet or args.json) as progress:
         result = fit(args.model, hardware, gpu, micro_batches=micro_batches, seq_lens=seq_lens, policies=policies,
-                     options=options, progress=progress, **spec_overrides(args))
+                     options=options, progress=progress, pipeline_micro_batches=args.pipeline_micro_batches,
+                     **spec_overrides(args))
     if args.quiet:
         return 0
     if args.json:
@@ -83,7 +87,16 @@ def table_lines(result) -> list[str]:
             lines.append(f"{r.micro_batch:>11}  {r.seq_len:>7}  {r.policy:<20} {'no':<4}  {r.note}")
     lines.append("")
     lines.append("throughput: % of the same configuration with everything kept and no memory limit (simulated); "
-                 "tokens/s per GPU")
+                 "tokens/s: training tokens per second per GPU")
+    layout = [f"t={result.tensor_parallel}"] if result.tensor_parallel > 1 else []
+    layout += [f"cp={result.context_parallel}"] if result.context_parallel > 1 else []
+    if result.pipeline_parallel > 1:
+        layout.append(f"p={result.pipeline_parallel} with {result.pipeline_micro_batches} micro-batches per step "
+                      f"(1F1B bubble {100 * result.pipeline_bubble_fraction:.1f} %)")
+    if layout:
+        lines.append(f"parallel layout: {', '.join(layout)}; tokens/s counts each token once per replica of "
+                     f"{result.tensor_parallel * result.context_parallel * result.pipeline_parallel} GPUs; step time "
+                     "and reserved peak are this rank's")
     if result.advice:
         lines.append(result.advice)
     else:

@@ -36,7 +36,7 @@ class FitRow:
     throughput_pct: float | None = None
     """Simulated step throughput in % of the same configuration with everything kept and no memory limit."""
     tokens_per_s: float | None = None
-    """micro_batch x seq_len over the simulated step time, per GPU."""
+    """Training tokens per second per GPU of the data-parallel replica (``gpu_tokens_per_s``)."""
     step_time_s: float | None = None
     activation_budget_bytes: int | None = None
     reserved_peak_bytes: int | None = None
@@ -56,13 +56,60 @@ class FitResult:
     rows: tuple[FitRow, ...]
     advice: str | None = None
     """What would fit, when nothing does."""
+    tensor_parallel: int = 1
+    context_parallel: int = 1
+    pipeline_parallel: int = 1
+    pipeline_micro_batches: int = 1
+    """m: micro-batches per optimizer step through the pipeline (1 without pipeline stages)."""
+
+    @property
+    def pipeline_bubble_fraction(self) -> float:
+        p = self.pipeline_parallel
+        return (p - 1) / (self.pipeline_micro_batches + p - 1)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "model": self.model, "hardware": self.hardware, "gpu_memory_bytes": self.gpu_memory_bytes,
             **self.options.to_dict(), "model_state_bytes": self.model_state_bytes,
+            "tensor_parallel": self.tensor_parallel, "context_parallel": self.context_parallel,
+            "pipeline_parallel": self.pipeline_parallel, "pipeline_micro_batches": self.pipeline_micro_batches,
+            "pipeline_bubble_fraction": self.pipeline_bubble_fraction,
             "rows": [r.to_dict() for r in self.rows], "advice": self.advice,
         }
+
+
+DEFAULT_PIPELINE_MICRO_BATCHES_PER_STAGE = 4
+"""Micro-batches per optimizer step per pipeline stage when ``pipeline_micro_batches`` is not given
+(m = 4p: the 1F1B bubble is then (p-1)/(5p-1), under 20 %); a choice, printed with the table."""
+
+
+def pipeline_micro_batches_for(spec, pipeline_micro_batches: int | None) -> int:
+    """m, the micro-batches each pipeline runs per optimizer step (1 without pipeline parallelism)."""
+    if spec.pipeline_parallel == 1:
+        return 1
+    if pipeline_micro_batches is None:
+        return DEFAULT_PIPELINE_MICRO_BATCHES_PER_STAGE * spec.pipeline_parallel
+    if isinstance(pipeline_micro_batches, bool) or not isinstance(pipeline_micro_batches, int) \
+            or pipeline_micro_batches < spec.pipeline_parallel:
+        raise ValidationError(f"pipeline micro-batches {pipeline_micro_batches!r} must be an integer of at least "
+                              f"the {spec.pipeline_parallel} pipeline stages (1F1B keeps every stage busy only then)")
+    return pipeline_micro_batches
+
+
+def gpu_tokens_per_s(spec, step_time_s: float, pipeline_micro_batches: int = 1) -> float:
+    """Training tokens per second per GPU for the rank workload of ``spec`` that simulates in ``step_time_s``.
+
+    The rank's workload holds the p - i micro-batches stage i keeps in flight, so one micro-batch's
+    forward and backward take step_time_s / (p - i) on it. A 1F1B step of m micro-batches takes
+    m + p - 1 such slots (stages assumed balanced), and moves m x micro_batch x seq_len tokens
+    through the t x cp x p GPUs of one data-parallel replica: tensor-parallel and context-parallel
+    ranks share the same tokens, pipeline stages pass them on. Data parallelism changes nothing
+    per GPU.
+    """
+    slot_s = step_time_s / (spec.pipeline_parallel - spec.pipeline_stage)
+    replica_step_s = (pipeline_micro_batches + spec.pipeline_parallel - 1) * slot_s
+    gpus = spec.tensor_parallel * spec.context_parallel * spec.pipeline_parallel
+    return pipeline_micro_batches * spec.tokens / replica_step_s / gpus
 
 
 def _advice(model: str, hardware: Hardware, gpu: int, options: DeviceOptions, smallest: tuple[int, int],
@@ -100,16 +147,19 @@ def fit(
     policies: Sequence[str] = DEFAULT_POLICIES,
     options: DeviceOptions = DeviceOptions(),
     progress: Progress | None = None,
+    pipeline_micro_batches: int | None = None,
     **overrides: Any,
 ) -> FitResult:
     """Fit table of built-in model ``model`` (TransformerSpec ``overrides`` applied) on a GPU with
-    ``gpu_memory_bytes``: one row per (micro-batch, sequence length, policy)."""
+    ``gpu_memory_bytes``: one row per (micro-batch, sequence length, policy). With pipeline
+    stages, ``pipeline_micro_batches`` is m, the micro-batches per optimizer step (default 4p)."""
     from ..planners import get_planner
     from ..workloads.models import build_model_workload, model_spec
 
     for policy in policies:
         get_planner(policy)
     spec = model_spec(model, **overrides)
+    pipeline_m = pipeline_micro_batches_for(spec, pipeline_micro_batches)
     seq_lens = tuple(seq_lens) if seq_lens else (spec.seq_len,)
     micro_batches = tuple(sorted(set(micro_batches)))
     for value, what in [(m, "micro-batch") for m in micro_batches] + [(s, "sequence length") for s in seq_lens]:
@@ -130,7 +180,7 @@ def fit(
             states = options.states(w, required=True)
             assert states is not None
             states_bytes = states.total_bytes
-            tokens = micro_batch * seq_len
+            rank_spec = spec.replace(micro_batch=micro_batch, seq_len=seq_len)
             for policy in policies:
                 done += 1
                 if policy in failed_at:
@@ -145,7 +195,8 @@ def fit(
                     rows.append(FitRow(micro_batch, seq_len, policy, False, note=why))
                 else:
                     t = result.timeline
-                    rows.append(FitRow(micro_batch, seq_len, policy, True, t.throughput_pct, tokens / t.step_time_s,
+                    rows.append(FitRow(micro_batch, seq_len, policy, True, t.throughput_pct,
+                                       gpu_tokens_per_s(rank_spec, t.step_time_s, pipeline_m),
                                        t.step_time_s, result.plan.budget_bytes, result.memory.reserved_peak_bytes))
                 if progress is not None:
                     progress(done, total, f"micro-batch {micro_batch}, sequence {seq_len}, {policy}")
@@ -153,4 +204,5 @@ def fit(
     if not any(r.fits for r in rows):
         smallest = (micro_batches[0], min(seq_lens))
         advice = _advice(model, hardware, gpu_memory_bytes, options, smallest, overrides)
-    return FitResult(model, hardware.name, gpu_memory_bytes, options, states_bytes, tuple(rows), advice)
+    return FitResult(model, hardware.name, gpu_memory_bytes, options, states_bytes, tuple(rows), advice,
+                     spec.tensor_parallel, spec.context_parallel, spec.pipeline_parallel, pipeline_m)
