@@ -49,4 +49,7 @@ def test_fit_rows_use_the_per_gpu_accounting(capsys):
     assert one.to_dict()["pipeline_bubble_fraction"] == pytest.approx(1 / 3)
     from slackswap.cli.fit_cmd import table_lines
 
-    assert any("p=2 with 2 micro-batches per step (1F1B bubble 33.3 %)" in line for line in table_lines(one))
+    lines = table_lines(one)
+    assert any("p=2 with 2 micro-batches per step (1F1B bubble 33.3 %)" in line for line in lines)
+    # the largest micro-batch tried fits, so the table says to try larger ones
+    assert "micro-batch 1, the largest tried, fits: larger ones may too (--micro-batches 1,2,4)" in lines

@@ -104,4 +104,8 @@ def table_lines(result) -> list[str]:
         best = max((r for r in result.rows if r.fits), key=lambda r: (r.tokens_per_s, r.micro_batch, r.seq_len))
         lines.append(f"fastest that fits: micro-batch {best.micro_batch}, sequence length {best.seq_len}, "
                      f"{best.policy}: {best.tokens_per_s:.0f} tokens/s per GPU")
+        largest = max(r.micro_batch for r in result.rows)
+        if any(r.fits for r in result.rows if r.micro_batch == largest):
+            lines.append(f"micro-batch {largest}, the largest tried, fits: larger ones may too "
+                         f"(--micro-batches {largest},{2 * largest},{4 * largest})")
     return lines
