@@ -190,7 +190,8 @@ def table(results: dict[str, tuple[int, list[Row]]], args, config: ExampleConfig
         f"{args.steps} timed steps per row after {args.warmup} warm-up steps, `time.perf_counter`; the rows of",
         "one model run interleaved (one step of each row per round), in one process.",
         f"Machine: {os.cpu_count()}-core CPU (`nproc` = {usable_cpus()}), "
-        f"{platform.machine()}, torch {torch.__version__} ({torch.get_num_threads()} intra-op threads, the default), "
+        f"{platform.machine()}, torch {torch.__version__} ({torch.get_num_threads()} intra-op threads"
+        f"{', the default' if args.threads is None else ', --threads'}), "
         f"Python {platform.python_version()}.",
         f"Load average (1 min, `os.getloadavg`): {loads[0]:.1f} at the start, {loads[1]:.1f} at the end, on "
         f"{usable_cpus()} usable CPUs (above that count other processes shared the cores and the times spread).",
@@ -256,6 +257,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="models that get the --compiled rows (inductor compiles take minutes on 2 cores)")
     parser.add_argument("--quick", action="store_true",
                         help="tiny models, 2 timed steps: checks the benchmark runs (numbers mean nothing)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="intra-op threads (default: torch's); 1 keeps a loaded machine's spread down")
     parser.add_argument("--results", help="also write the markdown table to this file")
     raw = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(raw)
@@ -265,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         config = ExampleConfig(vocab=512, seq_len=args.seq_len, hidden=args.hidden, heads=4, layers=args.layers,
                                ffn=args.ffn, micro_batch=args.micro_batch)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     torch._inductor.config.fallback_random = True  # compiled dropout draws the eager masks: comparable
     start, load_start = time.perf_counter(), os.getloadavg()[0]
     results = {}

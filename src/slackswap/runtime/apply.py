@@ -130,7 +130,7 @@ def apply_plan(model: torch.nn.Module, plan: Plan, workload: Workload | None = N
         if FsdpUnits(model):
             raise UnsupportedModelError(
                 'slackswap.apply: backend="checkpoint" does not follow FSDP2 (fully_shard) models yet: '
-                'use the default backend="replay"'
+                'use backend="replay" or the default "auto"'
             )
         return CheckpointRuntime(model, plan, checked_workload(model, plan, workload), hardware)
     raise ValidationError(f"unknown runtime backend {backend!r}: use one of {', '.join(BACKENDS)}")

@@ -79,7 +79,7 @@ class CheckpointMap:
     def refusal(self) -> str:
         return (f"the checkpoint backend cannot run this plan as planned: {self.notes[0]}"
                 f"{f' (and {len(self.notes) - 1} more)' if len(self.notes) > 1 else ''}; "
-                'use backend="replay" (the default), which runs any plan exactly')
+                'use backend="replay", which runs any plan exactly, or the default "auto"')
 
 
 def _chain(calls: Mapping[str, str | None], call: str) -> list[str]:
