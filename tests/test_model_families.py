@@ -127,3 +127,12 @@ def test_a_family_checks_its_built_in_models():
         dataclasses.replace(CHAIN, models={"a": ChainSpec(name="b")})
     with pytest.raises(ValidationError, match="spec_type must be a dataclass with a name field"):
         dataclasses.replace(CHAIN, spec_type=dict, models={})
+
+
+def test_fit_refuses_a_family_without_a_batch_layout_in_one_line(chain_family, capsys):
+    # ChainSpec has neither micro-batch nor sequence length: fit has no grid to walk for it.
+    with pytest.raises(ValidationError, match="'tiny-chain' \\(ChainSpec\\) lacks micro_batch, seq_len"):
+        slackswap.fit("tiny-chain", hardware="a100-80gb-pcie4", gpu_memory="80GiB")
+    assert main(["fit", "--model", "tiny-chain", "--hardware", "a100-80gb-pcie4", "--gpu-memory", "80GiB"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "use plan or simulate for it" in err

@@ -137,6 +137,11 @@ def _advice(model: str, hardware: Hardware, gpu: int, options: DeviceOptions, sm
     return f"{head}; use a shorter sequence or a GPU with more memory"
 
 
+FIT_SPEC_FIELDS = ("micro_batch", "seq_len", "tensor_parallel", "context_parallel", "pipeline_parallel",
+                   "pipeline_stage", "tokens")
+"""What fit reads from a model's configuration: the grid's two axes and the layout its tokens/s needs."""
+
+
 def fit(
     model: str,
     hardware: Hardware,
@@ -159,6 +164,13 @@ def fit(
     for policy in policies:
         get_planner(policy)
     spec = model_spec(model, **overrides)
+    missing = [field for field in FIT_SPEC_FIELDS if not hasattr(spec, field)]
+    if missing:
+        raise ValidationError(
+            f"fit needs a model whose configuration has {', '.join(FIT_SPEC_FIELDS)}; {model!r} "
+            f"({type(spec).__name__}) lacks {', '.join(missing)}: use plan or simulate for it, or add those "
+            f"fields to its family (docs/architecture.md)"
+        )
     pipeline_m = pipeline_micro_batches_for(spec, pipeline_micro_batches)
     seq_lens = tuple(seq_lens) if seq_lens else (spec.seq_len,)
     micro_batches = tuple(sorted(set(micro_batches)))
