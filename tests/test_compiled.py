@@ -100,12 +100,15 @@ def test_hugging_face_models_every_policy_aot_eager(kind, policy):
 TINY = ExampleConfig(layers=1, hidden=16, heads=2, ffn=32, seq_len=8, vocab=32)
 
 
-@pytest.mark.parametrize("policy", ["capuchin"])
+@pytest.mark.parametrize("policy", ["slackswap"])
 def test_inductor_within_float_tolerance(policy):
     # fallback_random: inductor draws dropout masks with the eager generator, so they match the reference.
     with torch._inductor.config.patch(fallback_random=True):
+        # At 0.4 slackswap keeps, swaps and recomputes matmuls on this graph, so inductor runs a
+        # recompute and an offload (capuchin, used before, swaps all but one zero-FLOP tensor since
+        # queued copies overlap their launch latency).
         (graph,) = check_compiled(make_example("gpt2", TINY), make_batch(TINY), loss_fn, policy=policy,
-                                  backend="inductor", exact=False)
+                                  backend="inductor", exact=False, budget=0.4)
     assert graph.plan_recompute_flops > 0
 
 

@@ -31,9 +31,10 @@ from runtime_helpers import profile_cache, step_flops as _step_flops, train as _
 
 HW = get_hardware("a100-80gb-pcie4")
 STEPS = 2
-# (policy, budget fraction): at 0.3 `slackswap` mixes keep, swap and recompute on every example;
+# (policy, budget fraction): at 0.25 `slackswap` mixes keep, swap and recompute on every example (at
+# 0.3 its plans became recompute-only once recompute-optimal's frontier search gave faster ones);
 # full-recompute cannot reach 0.5 on two of them.
-CASES = [("slackswap", 0.5), ("slackswap", 0.3), ("capuchin", 0.5), ("full-recompute", 0.7)]
+CASES = [("slackswap", 0.5), ("slackswap", 0.25), ("capuchin", 0.5), ("full-recompute", 0.7)]
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +57,7 @@ def test_planner_plan_runs_exactly_as_planned(profiled, kind, policy, budget):
     base, batches, workload = profiled(kind)
     plan = slackswap.plan(workload, HW, budget=budget, policy=policy)
     n = len(workload.ops)
-    if budget == 0.3:
+    if budget == 0.25:
         assert all(plan.count(a) for a in Action), "the mixed case must keep, swap and recompute"
     assert build_execution_map(workload, plan).aligned
 
@@ -103,7 +104,7 @@ def test_slackswap_plan_and_apply_find_each_other_through_the_profile():
     batches = [make_batch(seed=s) for s in range(2)]
     reference = copy.deepcopy(model)
     workload = slackswap.profile(model, batches[0], loss_fn, hardware=HW, repeats=1)
-    plan = slackswap.plan(workload, hardware=HW, budget=0.3, policy="slackswap")
+    plan = slackswap.plan(workload, hardware=HW, budget=0.25, policy="slackswap")
     ref_losses, ref_grads = train(reference, batches)
     with slackswap.apply(model, plan) as runtime:
         pass
