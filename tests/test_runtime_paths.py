@@ -232,3 +232,80 @@ def test_runtime_overhead_benchmark_quick_run_writes_its_table(tmp_path, monkeyp
     assert path["slackswap.apply all-swap"] == "replay"
     assert len(rows) == 9 and all(r[-1].strip(" |") in ("yes", "-") for r in rows)
     assert "Load average" in out.read_text()
+
+
+class _Memo:
+    """A cache object a block fills on its first call and reads afterwards (as Hugging Face T5's
+    EncoderDecoderCache does for cross-attention keys): a re-run of the call takes the other branch."""
+
+    def __init__(self):
+        self.filled = set()
+
+
+class _MemoBlock(torch.nn.Module):
+    def __init__(self, i):
+        super().__init__()
+        self.i, self.a, self.b = i, torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+
+    def forward(self, x, memo=None):
+        if memo is not None and self.i in memo.filled:
+            return torch.tanh(self.b(x))
+        if memo is not None:
+            memo.filled.add(self.i)
+        return torch.tanh(self.b(torch.relu(self.a(x))))
+
+
+class _MemoModel(torch.nn.Module):
+    def __init__(self, use_memo=True):
+        super().__init__()
+        self.use_memo = use_memo
+        self.blocks = torch.nn.ModuleList(_MemoBlock(i) for i in range(4))
+
+    def forward(self, x):
+        memo = _Memo() if self.use_memo else None
+        for block in self.blocks:
+            x = block(x, memo=memo)
+        return x
+
+
+def unbudgeted_recompute(workload):
+    """The full-recompute plan's actions without a budget (the tiny blocks' rebuild would exceed it)."""
+    return make_plan(workload, full_recompute(workload).actions, policy="full-recompute", budget_bytes=None,
+                     prefetch_step={})
+
+
+def test_a_call_that_takes_a_cache_object_is_not_checkpointed():
+    """Regression (HF T5 under selective-recompute): checkpoint re-runs a call's Python, so a call
+    given an object it changes re-runs other ops (CheckpointError: a different number of tensors
+    saved). The profile notes such calls and the auto backend takes the replay path for them."""
+    torch.manual_seed(0)
+    batch = torch.randn(64, 8)
+
+    def loss(m, x):
+        return m(x).square().sum()
+
+    # Without the cache object the same plan takes the checkpoint path.
+    plain_model = _MemoModel(use_memo=False)
+    plain_workload = slackswap.profile(plain_model, batch, loss, repeats=1)
+    assert "stateful_call_args" not in plain_workload.meta
+    assert choose_path(plain_workload, unbudgeted_recompute(plain_workload), HW).path == "checkpoint"
+
+    model = _MemoModel()
+    workload = slackswap.profile(model, batch, loss, repeats=1)
+    assert workload.meta["stateful_call_args"] == {f"blocks.{i}": ["_Memo"] for i in range(4)}
+    plan = unbudgeted_recompute(workload)
+    assert plan.recompute_groups
+    assert choose_path(workload, plan, HW).path == "replay"
+    runtime = slackswap.apply(model, plan, workload=workload)
+    assert runtime.path == "replay" and "_Memo" in runtime.path_reason
+
+    def grads(rt=None):
+        model.zero_grad()
+        if rt is None:
+            loss(model, batch).backward()
+        else:
+            with rt:
+                loss(model, batch).backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    assert_equal(grads(), grads(runtime))

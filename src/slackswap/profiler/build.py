@@ -88,6 +88,8 @@ def build_workload(trace, fwd_times_s: Sequence[float], bwd_times_s: Sequence[fl
     meta = dict(meta)
     meta.update(profile_trace(trace).to_meta())
     meta["op_saves"] = [[op.input_saves, op.output_saves] for op in ops]
+    if trace.stateful_args:
+        meta["stateful_call_args"] = {k: list(v) for k, v in trace.stateful_args.items()}
     return Workload(name=name, ops=tuple(wl_ops), tensors=tuple(tensors), meta=meta)
 
 

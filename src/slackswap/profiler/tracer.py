@@ -101,6 +101,8 @@ class Trace:
     """Module call -> storage name of each positional tensor argument (None: parameter or buffer)."""
     storage_nbytes: dict[str, int]
     step_inputs: list[str]
+    stateful_args: dict[str, list[str]] = field(default_factory=dict)
+    """Module call -> type names of its arguments that are neither tensors nor plain values."""
 
 
 class _StorageIds:
@@ -189,6 +191,9 @@ class Tracer:
         self.call_counts: dict[str, int] = {}
         self.calls: dict[str, str | None] = {}
         self.call_args: dict[str, list[str | None]] = {}
+        self.stateful_args: dict[str, list[str]] = {}
+        """Module call -> type names of the arguments that are neither tensors nor plain values (a
+        cache object the call may change: checkpoint cannot re-run such a call exactly)."""
         self.direct_ops: dict[str, int] = {}
         self.paths = {id(m): name for name, m in model.named_modules()}
         self.root_id = id(model)
@@ -217,6 +222,14 @@ class Tracer:
         self.call_args[call] = [self.ids.lookup(a) for a in args if isinstance(a, torch.Tensor)]
         self.stack.append(call)
         self.events.append(("enter", call))
+
+    def on_enter_kwargs(self, module, args, kwargs) -> None:
+        """Per-module pre-hook (after on_enter, which has pushed the call): notes stateful arguments."""
+        if self.paths.get(id(module)) is None or not self.stack:
+            return
+        kinds = sorted({type(x).__name__ for v in (*args, *kwargs.values()) for x in _stateful(v)})
+        if kinds:
+            self.stateful_args[self.stack[-1]] = kinds
 
     def on_exit(self, module, args, output) -> None:
         if self.paths.get(id(module)) is not None and self.stack:
@@ -323,7 +336,8 @@ class Tracer:
                 else:
                     self.ops[s.reader].input_saves += 1
         return Trace(ops=self.ops, saves=self.saves, events=self.events, calls=self.calls,
-                     call_args=self.call_args, storage_nbytes=self.ids.nbytes, step_inputs=self.ids.step_inputs)
+                     call_args=self.call_args, storage_nbytes=self.ids.nbytes, step_inputs=self.ids.step_inputs,
+                     stateful_args=self.stateful_args)
 
 
 def _attribute_saves(ops: list[OpRecord], saves: list[SaveRecord]) -> None:
@@ -411,12 +425,28 @@ def check_one_model_call(tracer: Tracer) -> None:
         )
 
 
+_PLAIN = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.Size,
+          torch.layout, torch.memory_format)
+
+
+def _stateful(value, depth: int = 0):
+    """The objects in ``value`` (an argument) that are neither tensors nor plain values."""
+    if isinstance(value, (torch.Tensor, *_PLAIN)) or depth > 4:
+        return []
+    if isinstance(value, (tuple, list)):
+        return [x for v in value for x in _stateful(v, depth + 1)]
+    if isinstance(value, dict):
+        return [x for v in value.values() for x in _stateful(v, depth + 1)]
+    return [value]
+
+
 def run_traced(model, batch, loss_fn, *, timer) -> tuple[Trace, list[float], torch.Tensor]:
     """Run forward (traced) and backward (nodes timed). Returns the trace, the per-op
     forward times (seconds, or CUDA event pairs) and backward times."""
     tracer = Tracer(model, timer)
     pre = torch.nn.modules.module.register_module_forward_pre_hook(tracer.on_enter)
     post = torch.nn.modules.module.register_module_forward_hook(tracer.on_exit)
+    kw_hooks = [m.register_forward_pre_hook(tracer.on_enter_kwargs, with_kwargs=True) for m in model.modules()]
     tracer.fsdp.install()
     try:
         with torch.autograd.graph.saved_tensors_hooks(tracer.on_pack, tracer.on_unpack):
@@ -426,6 +456,8 @@ def run_traced(model, batch, loss_fn, *, timer) -> tuple[Trace, list[float], tor
         tracer.fsdp.remove()
         pre.remove()
         post.remove()
+        for h in kw_hooks:
+            h.remove()
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.requires_grad:
         raise ValidationError("loss_fn(model, batch) must return a scalar tensor that requires grad")
     check_one_model_call(tracer)

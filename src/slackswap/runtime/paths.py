@@ -6,7 +6,10 @@ worked out without torch.
 * ``checkpoint``: every recompute group of the plan lies in a module call that non-reentrant
   ``torch.utils.checkpoint`` can wrap so that it re-runs exactly the plan's ops
   (``build_checkpoint_map(...).faithful``, which also checks the plan's budget against the memory
-  of rebuilding each call at its first unpack), and nothing is swapped. Each such call runs
+  of rebuilding each call at its first unpack), nothing is swapped, and no such call was given
+  an argument that is neither a tensor nor a plain value (``meta["stateful_call_args"]``, from
+  the profiler: a cache object the forward changes, as Hugging Face T5's EncoderDecoderCache,
+  would send checkpoint's re-run down another branch). Each such call runs
   under checkpoint (with a selective-checkpoint policy only where the call keeps some of its
   tensors); nothing else is installed.
 * ``replay``: anything else (swaps, groups that do not coincide with module calls, FSDP2
@@ -56,6 +59,14 @@ def choose_path(workload: Workload, plan: Plan, hardware, *, fsdp: bool = False)
     if not cmap.faithful:
         return PathChoice(REPLAY_PATH, f"torch.utils.checkpoint cannot run this plan as planned: {cmap.notes[0]}",
                           plan, cmap)
+    stateful = workload.meta.get("stateful_call_args", {})
+    for region in cmap.regions:
+        if region.call in stateful:
+            # checkpoint re-runs the call's Python: a cache object the forward changed (Hugging Face
+            # T5's EncoderDecoderCache) sends the recompute down another branch (different ops).
+            return PathChoice(REPLAY_PATH, f"module call {region.call!r} takes "
+                                           f"{', '.join(stateful[region.call])} argument(s) it may change, so "
+                                           "torch.utils.checkpoint's re-run could differ from the forward", plan, cmap)
     if any(e.action is Action.SWAP for e in cmap.execution.pack_sequence):
         return PathChoice(REPLAY_PATH, "checkpointed calls would take swapped arguments", plan, cmap)
     return PathChoice(CHECKPOINT_PATH, f"every recompute group coincides with one of {len(cmap.regions)} "
