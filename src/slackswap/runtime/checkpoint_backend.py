@@ -147,7 +147,24 @@ def unwrap_regions(wrapped: list) -> None:
             del module.forward
 
 
-class CheckpointRuntime(RuntimeBase):
+class RegionWrapping:
+    """Installs ``self._wrap`` around the module calls of ``self.checkpoint_map.regions`` for the
+    runtime's lifetime and counts calls per step; shared by the checkpoint backend and the
+    checkpoint fast path."""
+
+    def _install(self) -> None:
+        self._calls.clear()
+        self._wrapped = wrap_regions(self.model, self.checkpoint_map.regions, self._wrap)
+
+    def _uninstall(self) -> None:
+        unwrap_regions(self._wrapped)
+        self._wrapped = []
+
+    def _on_step(self) -> None:
+        self._calls.clear()
+
+
+class CheckpointRuntime(RegionWrapping, RuntimeBase):
     """Context manager returned by ``apply_plan(..., backend="checkpoint")``; same surface as PlanRuntime."""
 
     path = RECORDED_CHECKPOINT_PATH
@@ -170,17 +187,6 @@ class CheckpointRuntime(RuntimeBase):
 
     def _recording_mode(self) -> RecordingMode:
         return _SuspendableRecording(self.recorder)
-
-    def _install(self) -> None:
-        self._calls.clear()
-        self._wrapped = wrap_regions(self.model, self.checkpoint_map.regions, self._wrap)
-
-    def _uninstall(self) -> None:
-        unwrap_regions(self._wrapped)
-        self._wrapped = []
-
-    def _on_step(self) -> None:
-        self._calls.clear()
 
     def _wrap(self, forward, path: str, regions: dict[int, Region]):
         calls, recorder, mode, manager = self._calls, self.recorder, self._mode, self.manager

@@ -31,7 +31,7 @@ from ..workload import Workload
 from ..errors import RuntimeFallbackWarning
 from ..profiler.model_support import called_from_compiled_code, check_not_capturing
 from .base import enter_runtime, exit_runtime
-from .checkpoint_backend import _RegionPolicy, unwrap_regions, wrap_regions
+from .checkpoint_backend import RegionWrapping, _RegionPolicy
 from .checkpoint_map import Region
 from .mapping import build_execution_map, profile_trace
 from .paths import CHECKPOINT_PATH, KEEP_PATH, PathChoice
@@ -121,7 +121,7 @@ class KeepRuntime(FastRuntime):
     path = KEEP_PATH
 
 
-class CheckpointPathRuntime(FastRuntime):
+class CheckpointPathRuntime(RegionWrapping, FastRuntime):
     """Module-aligned recompute plans without swaps, run by torch.utils.checkpoint alone."""
 
     path = CHECKPOINT_PATH
@@ -135,17 +135,6 @@ class CheckpointPathRuntime(FastRuntime):
         self._group_ops_in = {r.call: sum(1 for i in r.rerun if i in group_ops) for r in choice.checkpoint_map.regions}
         self._calls: dict[str, int] = {}
         self._wrapped: list = []
-
-    def _install(self) -> None:
-        self._calls.clear()
-        self._wrapped = wrap_regions(self.model, self.checkpoint_map.regions, self._wrap)
-
-    def _uninstall(self) -> None:
-        unwrap_regions(self._wrapped)
-        self._wrapped = []
-
-    def _on_step(self) -> None:
-        self._calls.clear()
 
     def _check_compiled(self) -> None:
         if not self._warned_compiled and called_from_compiled_code():
