@@ -101,6 +101,7 @@ class ForwardRecorder:
         self.n = len(workload.ops)
         self.aten = [aten_of(op.name) for op in workload.ops]
         self.sources = [output_sources(op.outputs) for op in workload.ops]
+        self.profiled_inputs = {i: frozenset(workload.ops[i].inputs) for i in emap.group_ops}
         self.group_ops = emap.group_ops
         self.random_ops = emap.random_ops
         self.manager = manager
@@ -173,6 +174,12 @@ class ForwardRecorder:
             key = storage_key(x)
             parameter = key in self.frozen or x.untyped_storage().nbytes() == 0 or self.manager.fsdp.is_gathered(x)
             name = None if parameter else self.names.get(key)
+            if name is not None and name not in self.profiled_inputs[i]:
+                # A stale name: ``names`` holds no storage alive, so a storage it named may have been
+                # freed and its address reused by a tensor no recorded op made (the 0-dim tensor
+                # torch builds for ``x[..., 0] = 2``, a step input in the profile). The profile
+                # says which tensors this op reads; one it does not list is not that activation.
+                name = None
             if name is None:
                 # A parameter, a buffer or a step input: on the device for the whole step anyway.
                 # Detached: the replay runs without a graph, and a view of a parameter (w.t())
