@@ -3,6 +3,7 @@ bound is below every recompute-only plan, and its descent finds plans the knapsa
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import random
@@ -10,10 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from slackswap.errors import BudgetError
 from slackswap.hardware import PRESETS
-from slackswap.planners import plan_workload
+from slackswap.planners import minimum_budget_bytes, plan_workload
 from slackswap.planners.common import build, facts_for
-from slackswap.planners.recompute_space import RecomputeReplay, frontier_descent, recompute_lower_bound_s
+from slackswap.planners.recompute_space import (RecomputeReplay, frontier_descent, recompute_flops,
+                                                 recompute_lower_bound_s)
 from slackswap.planners.selection import actions_for
 from slackswap.sim import simulate, simulate_ideal
 from slackswap.workload import Workload
@@ -97,3 +100,56 @@ def test_recompute_optimal_fits_where_only_the_descent_finds_a_plan():
     assert "frontier descent" in plan.info["rule"]
     assert plan.info["recompute_bound_step_time_s"] <= timeline.step_time_s
     assert timeline.throughput_pct > 75.0  # measured 81.59-83.50 % as the descent was tuned
+
+
+def test_the_flops_objective_drops_the_pointwise_tensor_by_hand():
+    # chain(5) of 100 B tensors, op1 pointwise (5 s, no FLOPs), the others matmuls (1,000 FLOPs;
+    # op0 1 s, op2 and op3 9 s). Everything kept peaks at 401 B (x and a0-a3 when op3 runs; a4 has
+    # no backward reader). At 301 B a0 or a1 must go: dropping a2 still holds it while op3 reads it,
+    # and a3 is read by the last op. Rebuilding a0 re-runs op0 from the input: 1 s, 1,000 FLOPs;
+    # rebuilding a1 re-runs op1 from a0 (kept): 5 s, 0 FLOPs. Fastest: drop a0; fewest FLOPs
+    # (PyTorch's knapsack objective): drop a1.
+    w = chain(5, fwd_time_s=[1.0, 5.0, 9.0, 9.0, 1.0])
+    ops = [dataclasses.replace(op, flops=0.0 if op.name == "op1" else 1000.0) for op in w.ops]
+    ops[1] = dataclasses.replace(ops[1], kind="elementwise")
+    w = dataclasses.replace(w, ops=tuple(ops))
+    facts = facts_for(w)
+    assert RecomputeReplay(facts).run([]) == (401, 0.0)
+    assert [RecomputeReplay(facts).run([n])[0] for n in ("a0", "a1", "a2")] == [301, 301, 401]
+    assert frontier_descent(facts, 301)[0] == ("a0",)
+    assert frontier_descent(facts, 301, objective="flops")[0] == ("a1",)
+    assert recompute_flops(w, build(w, HW, actions_for(recompute=["a1"]), "test", 301)) == 0.0
+    assert recompute_flops(w, build(w, HW, actions_for(recompute=["a0"]), "test", 301)) == 1000.0
+    with pytest.raises(ValueError, match="unknown recompute objective"):
+        frontier_descent(facts, 301, objective="bytes")
+
+
+def test_recompute_optimal_reaches_budgets_both_greedy_walks_stall_over():
+    # HF GPT-2 (2 layers) at 25 % of its peak: the descent stalls at 377,856 B and the ascent at
+    # 361,472 B (the policy refused, naming 361,472 B); the wander's flips reach a plan within it.
+    w = Workload.load(PROFILED / "hf-gpt2.json")
+    peak = simulate_ideal(w, HW).peak_memory_bytes
+    budget = int(0.25 * peak)
+    plan = plan_workload(w, HW, budget, "recompute-optimal")
+    timeline = simulate(w, HW, plan, budget)
+    assert timeline.peak_memory_bytes <= budget < 361_472 and timeline.d2h_bytes == 0
+    # At 20 % no recompute-only plan it finds fits: the error names the lowest peak it reached,
+    # which is no lower than the least budget any plan reaches and below what it named before.
+    budget = int(0.2 * peak)
+    with pytest.raises(BudgetError) as error:
+        plan_workload(w, HW, budget, "recompute-optimal")
+    lowest = error.value.minimum_bytes
+    assert max(budget, minimum_budget_bytes(w)) < lowest < 361_472
+    assert f"({lowest} bytes)" in str(error.value)
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in PROFILED.glob("*.json")))
+def test_recompute_optimal_meets_every_budget_full_recompute_meets(name):
+    # The tightest budget full-recompute meets is its own peak: recompute-optimal fits it, no slower.
+    w = Workload.load(PROFILED / f"{name}.json")
+    layer_wise = plan_workload(w, HW, 10**12, "full-recompute")
+    budget = simulate(w, HW, layer_wise, 10**12).peak_memory_bytes
+    plan = plan_workload(w, HW, budget, "recompute-optimal")
+    timeline = simulate(w, HW, plan, budget)
+    assert timeline.peak_memory_bytes <= budget and timeline.d2h_bytes == 0
+    assert timeline.step_time_s <= simulate(w, HW, layer_wise, budget).step_time_s

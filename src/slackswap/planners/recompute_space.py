@@ -15,20 +15,41 @@ whose tensors lower the peak most, until the peak is within the budget; then, wh
 within it, keep the op whose tensors save the most rebuild time. Every group is sized by what it
 holds at its peak in backward, the knapsack's blind spot. It is a greedy search, not an optimum:
 ``recompute_lower_bound_s`` states how far from one its plan can be.
+
+What a rebuild costs is the search's ``objective``: ``"time"`` (the default, what
+`recompute-optimal` uses) adds the profile's forward time of every op re-run, so the plan is the
+fastest it finds; ``"flops"`` adds their forward FLOPs first, time breaking ties, which is what
+PyTorch's activation memory budget minimizes (its knapsack's runtime estimator defaults to FLOPs,
+with pointwise ops at one). The two differ where a matmul is no slower than the pointwise ops it
+would spare, as on small models under a roofline (docs/planners.md, "Beside PyTorch's partitioner").
 """
 
 from __future__ import annotations
 
 import math
+import random
 from typing import Iterable
 
 from .common import Facts
 from .selection import op_items
 
+OBJECTIVES = ("time", "flops")
+
 DESCENT_OP_EVALUATIONS = 300_000
 """A search's replays times the workload's op count: a replay's cost grows with the ops, so this
 buys about 2,000 replays on the 2-layer profiled models (92-178 ops; a descent and its polish
 took 400-1,500 there) and a bounded few hundred on models with thousands of ops."""
+
+WANDER_OP_EVALUATIONS = 400_000
+WANDER_MAX_REPLAYS = 2_500
+"""The wander (_Descent.wander) runs only when the descent and the ascent both stall over the
+budget, and spends all it may when no plan fits: the same measure as DESCENT_OP_EVALUATIONS, and
+at most WANDER_MAX_REPLAYS replays on small workloads (about 2,300 on the 2-layer profiled models,
+1-2 s there)."""
+
+WANDER_KICK = 3
+"""Items the wander flips at random in its best set before climbing again: on the 2-layer
+profiled models, 3 reached lower peaks than restarting from a fresh random set (at 3 seeds each)."""
 
 
 class RecomputeReplay:
@@ -36,7 +57,7 @@ class RecomputeReplay:
     the groups of schedule.derive_recompute_groups and the memory rules of the simulator, in one
     pass over the step."""
 
-    def __init__(self, facts: Facts) -> None:
+    def __init__(self, facts: Facts, objective: str = "time") -> None:
         w = facts.workload
         self.facts = facts
         number = {t.name: i for i, t in enumerate(w.tensors)}
@@ -50,13 +71,14 @@ class RecomputeReplay:
         self.bwd_frees = [[number[n] for n in names] for names in w.last_bwd_read_of]
         self.bwd_reads = [[number[n] for n in w.bwd_reads[op.name]] for op in w.ops]
         self.last_reader = [w.last_bwd_reader.get(t.name, -1) for t in w.tensors]
-        self.fwd_time_s = [op.fwd_time_s for op in w.ops]
+        self.op_cost = op_costs(w, objective)
         self.step_inputs = [number[t.name] for t in w.tensors if t.producer is None]
         self.input_bytes = facts.input_bytes
 
     def run(self, recomputed: Iterable[str], at_peak: list | None = None) -> tuple[int, float]:
-        """(peak bytes, recompute seconds) of the plan that recomputes ``recomputed`` and keeps
-        every other candidate: what the simulator reports for it with no memory limit.
+        """(peak bytes, recompute cost) of the plan that recomputes ``recomputed`` and keeps
+        every other candidate: what the simulator reports for it with no memory limit (the cost
+        in seconds of recompute under the "time" objective, op_costs otherwise).
         ``at_peak``, when given, receives the recomputed tensors on the device at the (first) peak."""
         number, size = self.number, self.size
         count = len(size)
@@ -65,7 +87,7 @@ class RecomputeReplay:
             gone[number[name]] = 1
         present = bytearray(count)
         mem = peak = self.input_bytes
-        n = len(self.fwd_time_s)
+        n = len(self.op_cost)
 
         def snapshot() -> None:
             if at_peak is not None:
@@ -88,7 +110,7 @@ class RecomputeReplay:
         # what is present, plus the step inputs; a group's outputs are temps while it runs.
         for t in self.step_inputs:
             present[t] = 1
-        recompute_s = 0.0
+        recompute_cost = 0.0
         producer, inputs, outputs = self.producer, self.inputs, self.outputs
         last_reader = self.last_reader
         for op_i in range(n - 1, -1, -1):
@@ -116,7 +138,7 @@ class RecomputeReplay:
                             temps.update(outputs[op])
                 made: list[int] = []
                 for op in sorted(in_group):
-                    recompute_s += self.fwd_time_s[op]
+                    recompute_cost += self.op_cost[op]
                     for t in self.saved_outputs[op]:
                         if not present[t]:
                             present[t] = 1
@@ -133,7 +155,26 @@ class RecomputeReplay:
                 if present[t]:
                     present[t] = 0
                     mem -= size[t]
-        return peak, recompute_s
+        return peak, recompute_cost
+
+
+def op_costs(workload, objective: str) -> list[float]:
+    """What re-running each op costs the search: its forward seconds ("time"), or its forward
+    FLOPs plus its share of the forward time over (ops + 1) whole forward passes ("flops"): an op
+    is re-run at most once per backward step, so time can only break ties between equal FLOPs."""
+    if objective == "time":
+        return [op.fwd_time_s for op in workload.ops]
+    if objective != "flops":
+        raise ValueError(f"unknown recompute objective {objective!r}: use one of {', '.join(OBJECTIVES)}")
+    total_s = math.fsum(op.fwd_time_s for op in workload.ops) * (len(workload.ops) + 1) or 1.0
+    return [op.flops + op.fwd_time_s / total_s for op in workload.ops]
+
+
+def recompute_flops(workload, plan) -> float:
+    """Forward FLOPs a plan's recompute groups re-run (the profile's per-op FLOPs, which
+    FlopCounterMode counted: matmuls and attention, pointwise ops at zero)."""
+    index = workload.op_index
+    return math.fsum(workload.ops[index[name]].flops for g in plan.schedule.recompute_groups for name in g.ops)
 
 
 def recompute_only_run(facts: Facts, recomputed: Iterable[str], at_peak: list | None = None) -> tuple[int, float]:
@@ -144,12 +185,12 @@ def recompute_only_run(facts: Facts, recomputed: Iterable[str], at_peak: list | 
 class _Descent:
     """One search's state: the items (whole producers), the replay and the evaluations left."""
 
-    def __init__(self, facts: Facts, budget_bytes: int) -> None:
+    def __init__(self, facts: Facts, budget_bytes: int, objective: str) -> None:
         self.facts = facts
         self.budget = budget_bytes
         self.items = op_items(facts, facts.candidates)
         self.item_of = {n: k for k, it in enumerate(self.items) for n in it}
-        self.replay = RecomputeReplay(facts)
+        self.replay = RecomputeReplay(facts, objective)
         self.left = DESCENT_OP_EVALUATIONS // max(1, len(facts.workload.ops))
         self.lowest_peak: int | None = None
 
@@ -208,6 +249,40 @@ class _Descent:
             recomputed.add(best[1])
         return recomputed
 
+    def wander(self) -> set[int] | None:
+        """When the descent and the ascent both stall over the budget, an iterated local search:
+        from a random start, flip one item at a time in a random order, taking each flip that
+        lowers (peak, cost), until a pass changes nothing; then flip WANDER_KICK random items of
+        the best set so far and climb again. Returns the first set within the budget. The peak's
+        landscape has plateaus and ridges both greedy walks stop on (docs/planners.md, "The
+        recompute space"). Seeded with a constant, so the same workload gives the same plan."""
+        if self.budget < self.facts.peak_floor_bytes(()):
+            return None  # no plan of any kind fits (common.Facts.peak_floor_bytes)
+        self.left = min(WANDER_MAX_REPLAYS, WANDER_OP_EVALUATIONS // max(1, len(self.facts.workload.ops)))
+        count = len(self.items)
+        rng = random.Random(0)
+        best: tuple | None = None
+        recomputed = {k for k in range(count) if rng.random() < 0.5}
+        while self.left > 0:
+            current = self.run(recomputed)
+            changed = True
+            while changed and current[0] > self.budget and self.left > 0:
+                changed = False
+                for k in rng.sample(range(count), count):
+                    if current[0] <= self.budget or self.left <= 0:
+                        break
+                    got = self.run(recomputed ^ {k})
+                    if got < current:
+                        current, recomputed, changed = got, recomputed ^ {k}, True
+            if current[0] <= self.budget:
+                return recomputed
+            if best is None or current < best[0]:
+                best = (current, recomputed)
+            recomputed = set(best[1])
+            for k in rng.sample(range(count), min(WANDER_KICK, count)):
+                recomputed ^= {k}
+        return None
+
     def polish(self, recomputed: set[int]) -> set[int]:
         """Keep back what saves the most rebuild time first, each while the peak stays within the
         budget (one pass to rank the keeps, one to take them); when none fits, an exchange:
@@ -254,14 +329,17 @@ class _Descent:
         return recomputed
 
 
-def frontier_descent(facts: Facts, budget_bytes: int) -> tuple[tuple[str, ...] | None, int]:
-    """The tensors to recompute (see the module's docstring), or None when neither the descent nor
-    the ascent reaches the budget within DESCENT_OP_EVALUATIONS; and the lowest peak it reached
-    (bytes)."""
-    search = _Descent(facts, budget_bytes)
+def frontier_descent(facts: Facts, budget_bytes: int,
+                     objective: str = "time") -> tuple[tuple[str, ...] | None, int]:
+    """The tensors to recompute (see the module's docstring), or None when none of the descent,
+    the ascent (within DESCENT_OP_EVALUATIONS) and the wander (WANDER_OP_EVALUATIONS) reaches
+    the budget; and the lowest peak it reached (bytes). ``objective``: what a rebuild costs (OBJECTIVES, op_costs)."""
+    search = _Descent(facts, budget_bytes, objective)
     start = search.descend()
     if start is None:
         start = search.ascend()
+    if start is None:
+        start = search.wander()
     if start is None:
         return None, search.lowest_peak
     recomputed = search.polish(start)
