@@ -1,0 +1,83 @@
+"""Non-decreasing step functions on 0..cap held as their runs, for the knapsack of selection.py.
+
+A staircase is ``(starts, values)``: ``values[i]`` holds from ``starts[i]`` up to the next start
+(``starts[0]`` is 0). The knapsack's table over 4,000 byte units has a few dozen to a few hundred
+runs on the built-in models, so adding one bundle of items walks the runs instead of every unit;
+on models of hundreds of layers it fills up, and the knapsack goes on with the per-unit table
+(``to_table``, ``add_to_table``), which computes the same values.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+Staircase = tuple[list[int], list[float]]
+
+
+def value_at(stairs: Staircase, b: int) -> float:
+    starts, values = stairs
+    return values[bisect.bisect_right(starts, b) - 1]
+
+
+def shifted(stairs: Staircase, w: int, c: float, cap: int) -> Staircase:
+    """b -> stairs(max(0, b - w)) + c on 0..cap (the value ``stairs(b - w) + c`` as one addition)."""
+    starts, values = stairs
+    moved = [0] + [s + w for s in starts[1:] if s + w <= cap]
+    return moved, [v + c for v in values[:len(moved)]]
+
+
+def lower_envelope(a: Staircase, b: Staircase) -> Staircase:
+    """b -> min(a(b), b(b)), taking ``a``'s value unless ``b``'s is strictly lower (as ``if new <
+    old: table[b] = new`` does); equal neighbouring runs are merged."""
+    sa, va = a
+    sb, vb = b
+    na, nb = len(sa), len(sb)
+    starts: list[int] = []
+    values: list[float] = []
+    i = j = 0
+    at = 0
+    end = sa[-1] + sb[-1] + 1  # past every start
+    while True:
+        x, y = va[i], vb[j]
+        v = y if y < x else x
+        if not values or v != values[-1]:
+            starts.append(at)
+            values.append(v)
+        next_a = sa[i + 1] if i + 1 < na else end
+        next_b = sb[j + 1] if j + 1 < nb else end
+        at = next_a if next_a < next_b else next_b
+        if at == end:
+            return starts, values
+        if next_a == at:
+            i += 1
+        if next_b == at:
+            j += 1
+
+
+def to_table(stairs: Staircase, cap: int) -> list[float]:
+    """The value at every unit 0..cap."""
+    starts, values = stairs
+    table: list[float] = []
+    for i, v in enumerate(values):
+        end = starts[i + 1] if i + 1 < len(starts) else cap + 1
+        table.extend([v] * (end - starts[i]))
+    return table
+
+
+def add_to_table(table: list[float], w: int, c: float) -> None:
+    """``table`` (in place) -> min(table(b), table(max(0, b - w)) + c), every read from the table
+    before the change (one bundle of a 0-1 knapsack); the new value only where strictly lower."""
+    cap = len(table) - 1
+    for b, shorter, current in zip(range(cap, w, -1), table[cap - w:0:-1], table[cap:w:-1]):
+        if shorter + c < current:
+            table[b] = shorter + c
+    base = table[0] + c  # the bundle alone covers every need up to w
+    for b in range(min(w, cap), 0, -1):
+        if base < table[b]:
+            table[b] = base
+
+
+def value_of(stairs_or_table: Staircase | list[float], b: int) -> float:
+    if isinstance(stairs_or_table, list):
+        return stairs_or_table[b]
+    return value_at(stairs_or_table, b)
