@@ -32,8 +32,7 @@ def op_of_backward_step(n_ops: int, step: int) -> int:
 
 def first_use_step(workload: Workload, name: str) -> int:
     """Backward step of the first backward read of a saved tensor."""
-    latest_reader = max(workload.op_index[r] for r in workload.tensor_by_name[name].bwd_readers)
-    return backward_step_of(len(workload.ops), latest_reader)
+    return workload.first_bwd_step[name]
 
 
 def first_need_step(workload: Workload, actions: Mapping[str, Action],
@@ -97,10 +96,17 @@ def derive_recompute_groups(
         for op_name in region:
             region_of[op_name] = region_of.get(op_name, ()) + tuple(region)
     groups: dict[str, tuple[str, ...]] = {}
+    bwd_reads = workload.bwd_reads
     for k in range(n):
         op_i = op_of_backward_step(n, k)
         bwd_op = ops[op_i]
-        resident.update(arrivals.get(k, ()))
+        if k in arrivals:
+            resident.update(arrivals[k])
+        if all(name in resident for name in bwd_reads[bwd_op.name]):
+            # Nothing to rebuild before this step (most steps): only the reads it ends.
+            for name in workload.last_bwd_read_of[op_i]:
+                resident.discard(name)
+            continue
         group: list[str] = []
         in_group: set[str] = set()
         temps: set[str] = set()
@@ -167,6 +173,8 @@ def backward_step_starts_s(
     workload: Workload, groups: Mapping[str, tuple[str, ...]]
 ) -> list[float]:
     """Start time of each backward step, measured from the end of the forward pass, with no stalls."""
+    if not groups:
+        return list(workload.bwd_step_starts_s)
     ops = workload.ops
     n = len(ops)
     starts = []
@@ -205,7 +213,7 @@ def prefetch_alap(
     swapped = [name for name, a in actions.items() if a is Action.SWAP]
     if not swapped:
         return {}
-    starts = backward_step_starts_s(workload, {})
+    starts = workload.bwd_step_starts_s
     first_use = first_need_step(workload, actions, regions)
     production = {t.name: i for i, t in enumerate(workload.saved_tensors)}
     order = sorted(swapped, key=lambda name: (first_use[name], production[name]))
@@ -295,7 +303,10 @@ def make_plan(
     choose prefetch steps (as late as possible on ``hardware``, or at the step of first need
     without one) and derive the recompute groups (``recompute_regions``: ops that re-run as one
     unit, derive_recompute_groups)."""
-    full = {t.name: _as_action(actions.get(t.name, Action.KEEP), t.name) for t in workload.saved_tensors}
+    full = {}
+    for t in workload.saved_tensors:
+        action = actions.get(t.name, Action.KEEP)
+        full[t.name] = action if type(action) is Action else _as_action(action, t.name)
     unknown = set(actions) - set(full)
     if unknown:
         raise ValidationError(f"actions name tensors the workload does not save: {sorted(unknown)[:3]}")

@@ -117,6 +117,22 @@ class Workload:
         return {t.name: min(self.op_index[r] for r in t.bwd_readers) for t in self.saved_tensors}
 
     @cached_property
+    def first_bwd_step(self) -> dict[str, int]:
+        """Backward step of the first backward read of each saved tensor (backward runs the ops in
+        reverse, so the reader with the largest forward index reads first)."""
+        last = len(self.ops) - 1
+        return {t.name: last - max(self.op_index[r] for r in t.bwd_readers) for t in self.saved_tensors}
+
+    @cached_property
+    def bwd_step_starts_s(self) -> tuple[float, ...]:
+        """Start of each backward step after the forward pass ends, with no recompute and no stalls."""
+        starts, now = [], 0.0
+        for op in reversed(self.ops):
+            starts.append(now)
+            now += op.bwd_time_s
+        return tuple(starts)
+
+    @cached_property
     def size_bytes_of(self) -> dict[str, int]:
         return {t.name: t.size_bytes for t in self.tensors}
 
