@@ -99,6 +99,9 @@ class _Simulation:
         self.h2d_order = [c.tensor for c in plan.schedule.copy_backs]
         self.h2d_position = {name: i for i, name in enumerate(self.h2d_order)}
         self.h2d_head = 0
+        # The backward step the head of the copy-back order waits for (set when it was tried too
+        # early): until that step triggers, trying the stream again changes nothing.
+        self.h2d_gate = -1
         self.h2d: _Copy | None = None
         self.h2d_issued: set[str] = set()  # started or skipped
         self.h2d_done: set[str] = set()
@@ -219,6 +222,7 @@ class _Simulation:
             return False
         tensor = order[self.h2d_head]
         if self.plan.prefetch_step[tensor] > self.triggered_step:
+            self.h2d_gate = self.plan.prefetch_step[tensor]
             return False
         if self._issue_h2d(tensor):
             return True
@@ -303,13 +307,16 @@ class _Simulation:
         if self.compute_busy or self.ci >= self.n_tasks:
             return False
         task = self.tasks[self.ci]
-        if self.data_ready_at is None:
-            if task.kind == _RECOMPUTE and self._swap_inputs_pending(task):
+        kind = task.kind
+        now = self.now
+        ready = self.data_ready_at
+        if ready is None:
+            if kind == _RECOMPUTE and self._swap_inputs_pending(task):
                 return False
-            if task.kind == _BACKWARD and self._backward_inputs_pending(task):
+            if kind == _BACKWARD and self._backward_inputs_pending(task):
                 return False
-            self.data_ready_at = self.now
-        if task.kind == _BACKWARD:
+            ready = self.data_ready_at = now
+        if kind == _BACKWARD:
             alloc, alloc_bytes = [], 0
         else:
             present, size = self.present, self.size
@@ -319,18 +326,20 @@ class _Simulation:
             return False
         # start the task
         op = self.w.ops[task.op_index]
-        if self.data_ready_at > self.idle_since:
-            self.stall_copy += self.data_ready_at - self.idle_since
-            self.events.append(("compute", "stall_copy", op.name, self.idle_since, self.data_ready_at, 0, task.step))
-        if self.now > self.data_ready_at:
-            self.stall_memory += self.now - self.data_ready_at
-            self.events.append(("compute", "stall_memory", op.name, self.data_ready_at, self.now, 0, task.step))
-        self._alloc(alloc)
-        if task.kind == _RECOMPUTE:
-            self.group_allocs.extend(alloc)
-        duration = op.bwd_time_s if task.kind == _BACKWARD else op.fwd_time_s
+        if ready > self.idle_since:
+            self.stall_copy += ready - self.idle_since
+            self.events.append(("compute", "stall_copy", op.name, self.idle_since, ready, 0, task.step))
+        if now > ready:
+            self.stall_memory += now - ready
+            self.events.append(("compute", "stall_memory", op.name, ready, now, 0, task.step))
+        if alloc:
+            self._alloc(alloc)
+            if kind == _RECOMPUTE:
+                self.group_allocs.extend(alloc)
+        duration = op.bwd_time_s if kind == _BACKWARD else op.fwd_time_s
         self.compute_busy = True
-        self._push(self.now + duration, "compute_end", (task, self.now, alloc_bytes))
+        heapq.heappush(self.heap, (now + duration, self.seq, "compute_end", (task, now, alloc_bytes)))
+        self.seq += 1
         return True
 
     def _swap_inputs_pending(self, task: _Task) -> bool:
@@ -342,18 +351,21 @@ class _Simulation:
 
     def _end_compute(self, task: _Task, start_s: float, alloc_bytes: int) -> None:
         op = self.w.ops[task.op_index]
-        self.events.append(("compute", task.kind, op.name, start_s, self.now, alloc_bytes, task.step))
-        if task.kind == _FORWARD:
+        now = self.now
+        kind = task.kind
+        self.events.append(("compute", kind, op.name, start_s, now, alloc_bytes, task.step))
+        if kind == _FORWARD:
             self.fwd_done_upto = task.op_index
+            actions = self.actions
             for name in self.saved_outputs[task.op_index]:
-                if self.actions[name] is Action.SWAP:
+                if actions[name] is Action.SWAP:
                     self.d2h_queue.append(name)
-                    self.queued_s[name] = self.now
+                    self.queued_s[name] = now
             for name in self.w.last_fwd_use_of_saved[task.op_index]:
-                action = self.actions[name]
+                action = actions[name]
                 if action is Action.RECOMPUTE or (action is Action.SWAP and name in self.d2h_done):
                     self._free(name)
-        elif task.kind == _RECOMPUTE:
+        elif kind == _RECOMPUTE:
             self.recompute_time += op.fwd_time_s
             if task.last_of_group:
                 current = op_of_backward_step(self.n, task.step)
@@ -366,13 +378,13 @@ class _Simulation:
             for name in self.w.last_bwd_read_of[task.op_index]:
                 self._free(name)
         self.compute_busy = False
-        self.compute_end_s = self.now
-        self.ci += 1
-        self.idle_since = self.now
+        self.compute_end_s = now
+        ci = self.ci = self.ci + 1
+        self.idle_since = now
         self.data_ready_at = None
-        if self.ci < len(self.tasks) and self.tasks[self.ci].first_of_step:
-            self.triggered_step = self.tasks[self.ci].step
-            self.trigger_s[self.triggered_step] = self.now
+        if ci < self.n_tasks and self.tasks[ci].first_of_step:
+            step = self.triggered_step = self.tasks[ci].step
+            self.trigger_s[step] = now
 
     # ---- main loop ----------------------------------------------------------------------
     def _dispatch(self) -> None:
@@ -382,7 +394,8 @@ class _Simulation:
         while progress:
             progress = not self.compute_busy and self.ci < self.n_tasks and self._try_compute()
             progress = (self.d2h is None and self.d2h_head < len(self.d2h_queue) and self._try_d2h()) or progress
-            progress = (self.h2d is None and self.h2d_head < len(self.h2d_order) and self._try_h2d()) or progress
+            progress = (self.h2d is None and self.h2d_head < len(self.h2d_order)
+                        and self.h2d_gate <= self.triggered_step and self._try_h2d()) or progress
 
     def run(self) -> None:
         self._alloc(list(self.step_inputs))
@@ -394,7 +407,12 @@ class _Simulation:
                 needed_bytes=need, budget_bytes=budget,
             )
         self._dispatch()
-        while self._drop_stale():
+        heap = self.heap
+        while heap:
+            top = heap[0]
+            if top[2] != "compute_end" and top[3][1] != top[3][0].generation:
+                heapq.heappop(heap)  # a copy end re-timed by a change of the other direction
+                continue
             self._next_instant()
         if self.ci < len(self.tasks):
             self._raise_infeasible()
@@ -413,7 +431,7 @@ class _Simulation:
                 heapq.heappop(heap)
                 self._end_compute(*payload)
             elif payload[1] != payload[0].generation:
-                heapq.heappop(heap)  # a copy end re-timed since (_drop_stale)
+                heapq.heappop(heap)  # a copy end re-timed since
             elif top[0] != now:
                 break
             else:
