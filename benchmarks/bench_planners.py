@@ -139,8 +139,12 @@ def repeatability(models=("bert-large", "gpt2-xl"), fraction: float = 0.5) -> li
     return out
 
 
-PREVIOUS = "68b3499"  # main before the incremental window checks and the leaner simulator (issue 17, item 4)
-SPEED_CASES = [("llama-7b", None), ("bert-large", None), ("gpt2-xl", None)]
+PREVIOUS = "14d36c9"  # main before the staircase knapsack and the leaner plan building (issue 17, item 4)
+PROFILED = Path(__file__).resolve().parent.parent / "tests" / "profiled"
+# The built-in models, then the profiled workloads of tests/profiled (1-12 layers; a name ending in
+# .json is a workload file).
+SPEED_CASES = [("llama-7b", None), ("bert-large", None), ("gpt2-xl", None)] + [
+    (f"profiled/{p.name}", None) for p in sorted(PROFILED.glob("*.json"))]
 SCALING_LAYERS = [12, 24, 48, 96, 192, 384, 768, 1024]
 SCALING_REPEATS_UP_TO = 48  # layer counts up to this get ``repeats`` runs (medians); longer ones one run
 STOP_AFTER_CPU_SECONDS = 20.0  # a version is not run on longer models once one of its runs takes this long
@@ -151,12 +155,17 @@ import json, sys, time
 from slackswap.hardware import PRESETS
 from slackswap.planners import plan_workload
 from slackswap.sim import simulate_ideal
+from slackswap.workload import Workload
 from slackswap.workloads.models import build_model_workload
 hw = PRESETS[sys.argv[1]]
 layers = int(sys.argv[3])
-w = build_model_workload(sys.argv[2], hw, **({"layers": layers} if layers else {}))
+def build():
+    if sys.argv[2].endswith(".json"):
+        return Workload.load(sys.argv[2])
+    return build_model_workload(sys.argv[2], hw, **({"layers": layers} if layers else {}))
+w = build()
 budget = int(float(sys.argv[4]) * simulate_ideal(w, hw).peak_memory_bytes)
-w = build_model_workload(sys.argv[2], hw, **({"layers": layers} if layers else {}))  # no cache carried over
+w = build()  # no cache carried over
 started, started_cpu = time.perf_counter(), time.process_time()
 plan = plan_workload(w, hw, budget, "slackswap")
 elapsed, elapsed_cpu = time.perf_counter() - started, time.process_time() - started_cpu
@@ -178,6 +187,8 @@ def export_version(commit: str, into: Path) -> Path:
 
 def time_in_process(src: Path, model: str, layers: int | None, fraction: float) -> dict:
     env = dict(os.environ, PYTHONPATH=str(src), PYTHONHASHSEED="0")
+    if model.startswith("profiled/"):
+        model = str(PROFILED / model.removeprefix("profiled/"))
     result = subprocess.run([sys.executable, "-c", _TIME_IN_A_PROCESS, HARDWARE, model, str(layers or 0),
                              str(fraction)], capture_output=True, text=True, env=env, check=True)
     return json.loads(result.stdout)
@@ -250,12 +261,18 @@ def speed_markdown(speed: dict) -> str:
         return f"{row[key]:.3f} s" if key in row else "not run"
 
     for r in rows:
-        name = r["model"] if r["layers"] is None else f"{r['model']} L{r['layers']}"
+        name = r["model"].removesuffix(".json") if r["layers"] is None else f"{r['model']} L{r['layers']}"
         ratio = f"{r['previous_cpu_s'] / r['current_cpu_s']:.2f}x" if "previous_cpu_s" in r and "current_cpu_s" in r else ""
         same = {True: "yes", False: "no"}.get(r.get("same_plan"), "")
         lines.append(f"| {name} | {r['ops']} | {cell(r, 'previous_s')} | {cell(r, 'current_s')} | "
                      f"{cell(r, 'previous_cpu_s')} | {cell(r, 'current_cpu_s')} | {ratio} | {same} |")
     scaling = {r["layers"]: r for r in rows if r["layers"] is not None}
+    for version, label in (("previous", "Previous version"), ("current", "This version")):
+        llama = [r[f"{version}_s"] for r in rows if r["model"] == "llama-7b" and f"{version}_s" in r]
+        profiled = [r[f"{version}_s"] for r in rows if r["model"].startswith("profiled/") and f"{version}_s" in r]
+        if llama and profiled:
+            lines += ["", f"{label}: llama-7b at 50 % plans in {llama[0]:.3f} s of process wall time (target: at "
+                      f"most 0.2 s); the profiled workloads in at most {max(profiled):.3f} s (target: at most 0.1 s)."]
     for version, label in (("previous", "Previous version"), ("current", "This version")):
         key = f"{version}_cpu_s"
         if key in scaling.get(48, {}) and key in scaling.get(192, {}):
