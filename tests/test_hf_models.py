@@ -139,3 +139,29 @@ def test_every_policy_and_budget(kind, attn, policy, budget):
         assert fits, f"optimal refuses {kind}/{attn} at {budget}"
     if not fits:
         pytest.skip(f"{policy} refuses a budget of {budget} with BudgetError")
+
+
+@pytest.mark.slow
+def test_a_decoder_given_its_cache_runs_on_replay_and_without_it_on_checkpoint():
+    """GPT-2 (like Llama) builds a DynamicCache when use_cache is on, its default also in training,
+    and each attention appends to it: torch.utils.checkpoint's re-run of a layer would append again
+    (the cache doubles; sdpa's causal path happens to slice the old keys back out, eager's mask
+    path would not), so the layer calls that get it take the replay path. With use_cache=False,
+    which Hugging Face itself sets under gradient checkpointing, the same plan takes the checkpoint
+    path. Both train bit for bit (docs/limitations.md, Hugging Face models and the fast path)."""
+    model, batch, workload, reference = profiled("gpt2", "sdpa")
+    plan = slackswap.plan(workload, budget=0.8, policy="full-recompute")
+    runtime = slackswap.apply(model, plan, workload=workload)
+    assert runtime.path == "replay" and "DynamicCache" in runtime.path_reason
+    assert all(torch.equal(a, b) for a, b in zip(step(model, batch, runtime), reference))
+
+    no_cache = dict(batch, use_cache=False)
+    plain = step(model, no_cache)
+    assert all(torch.equal(a, b) for a, b in zip(plain, reference))  # the cache never changes training
+    workload = slackswap.profile(model, no_cache, hf_loss, repeats=1)
+    assert "stateful_call_args" not in workload.meta
+    plan = slackswap.plan(workload, budget=0.8, policy="full-recompute")
+    runtime = slackswap.apply(model, plan, workload=workload)
+    assert runtime.path == "checkpoint" and runtime.stats.checkpointed_calls == 0
+    assert all(torch.equal(a, b) for a, b in zip(step(model, no_cache, runtime), reference))
+    assert runtime.stats.checkpointed_calls == 2  # the two decoder layers
