@@ -31,10 +31,12 @@ from runtime_helpers import profile_cache, step_flops as _step_flops, train as _
 
 HW = get_hardware("a100-80gb-pcie4")
 STEPS = 2
-# (policy, budget fraction): at 0.25 `slackswap` mixes keep, swap and recompute on every example (at
-# 0.3 its plans became recompute-only once recompute-optimal's frontier search gave faster ones);
+# (policy, budget fraction): at 0.2 `slackswap` mixes keep, swap and recompute on every example (at
+# 0.3 its plans became recompute-only once recompute-optimal's frontier search gave faster ones, and
+# at 0.25 on TINY BERT and Llama once its wander did: 79.11 / 84.45 % of ideal, were a few %);
 # full-recompute cannot reach 0.5 on two of them.
-CASES = [("slackswap", 0.5), ("slackswap", 0.25), ("capuchin", 0.5), ("full-recompute", 0.7)]
+MIXED = 0.2
+CASES = [("slackswap", 0.5), ("slackswap", MIXED), ("capuchin", 0.5), ("full-recompute", 0.7)]
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +59,7 @@ def test_planner_plan_runs_exactly_as_planned(profiled, kind, policy, budget):
     base, batches, workload = profiled(kind)
     plan = slackswap.plan(workload, HW, budget=budget, policy=policy)
     n = len(workload.ops)
-    if budget == 0.25:
+    if budget == MIXED:
         assert all(plan.count(a) for a in Action), "the mixed case must keep, swap and recompute"
     assert build_execution_map(workload, plan).aligned
 
