@@ -90,14 +90,18 @@ def optimal_details() -> list[dict]:
             plan = plan_workload(workload, hw, budget, "optimal")
             mine = plan_workload(workload, hw, budget, "slackswap")
             info = plan.info
+            milp_steps = [r["simulated_step_time_s"] for r in info["milp_rounds"] if r["simulated_step_time_s"]]
+            solved = "milp_predicted_step_time_s" in info
             out.append({
                 "model": model, "fraction": fraction, "units": info["milp_units"],
-                "predicted_pct": 100 * ideal / info["milp_predicted_step_time_s"],
-                "bound_pct": 100 * ideal / info["milp_bound_step_time_s"],
+                "predicted_pct": 100 * ideal / info["milp_predicted_step_time_s"] if solved else None,
+                "bound_pct": 100 * ideal / info["milp_bound_step_time_s"] if solved else None,
+                "milp_pct": 100 * ideal / min(milp_steps) if milp_steps else None,
                 "simulated_pct": simulate(workload, hw, plan, budget).throughput_pct,
                 "slackswap_pct": simulate(workload, hw, mine, budget).throughput_pct,
+                "source": info["source"],
                 "solve_s": info["milp_solve_time_s"], "rounds": len(info["milp_rounds"]),
-                "proven": info["milp_proven_optimal"],
+                "proven": info.get("milp_proven_optimal", False),
             })
             print(f"optimal {model} {fraction}: {out[-1]}")
     return out
@@ -311,6 +315,31 @@ def dominance(tables) -> list[str]:
     return losses
 
 
+OPTIMAL_HEADING = "## optimal (MILP) against slackswap"
+
+
+def optimal_section(details: list[dict]) -> list[str]:
+    """The Markdown lines of the `optimal` table (heading first)."""
+    def pct(value):
+        return "none" if value is None else f"{value:.2f} %"
+
+    lines = [OPTIMAL_HEADING, "",
+             "Throughput in % of ideal. *predicted*: the MILP objective turned into a step time; *bound*: "
+             "HiGHS's dual bound, a bound of the MILP's linear model only (no plan is faster *in that model*; "
+             "the simulator can run plans faster, docs/planners.md); *MILP plan*: the fastest of the MILP's "
+             "own plans in the simulator; *optimal*: the plan `optimal` returns, the faster in the simulator of "
+             "that and `slackswap`'s (*from*).", "",
+             "| model | budget | units | predicted | bound | MILP plan | optimal | from | slackswap | "
+             "gap (MILP plan - slackswap) | solve time | rounds |",
+             "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
+    for d in details:
+        gap = "none" if d["milp_pct"] is None else f"{d['milp_pct'] - d['slackswap_pct']:+.2f} points"
+        lines.append(f"| {d['model']} | {d['fraction']:.1f} | {d['units']} | {pct(d['predicted_pct'])} | "
+                     f"{pct(d['bound_pct'])} | {pct(d['milp_pct'])} | {pct(d['simulated_pct'])} | {d['source']} | "
+                     f"{pct(d['slackswap_pct'])} | {gap} | {d['solve_s']:.1f} s | {d['rounds']} |")
+    return lines
+
+
 def markdown(medians, tables, details, repeats: int, repeats_optimal: list[dict]) -> str:
     slack_cells = [r["plan_time_s"] for r in tables["llama-7b"] if r["policy"] == "slackswap" and r["fits"]]
     losses = dominance(tables)
@@ -329,16 +358,7 @@ def markdown(medians, tables, details, repeats: int, repeats_optimal: list[dict]
               "## slackswap against every other heuristic (0.20 .. 0.90 in steps of 0.05)", "",
               ("No cell where `slackswap` is below another heuristic (exact comparison of throughput, "
                "1e-9 points for float noise)." if not losses else "Cells where slackswap is below: " + "; ".join(losses)),
-              "", "## optimal (MILP) against slackswap", "",
-              "Throughput in % of ideal. *predicted*: the MILP objective turned into a step time; *bound*: "
-              "HiGHS's dual bound (no plan is faster under the linear model); *simulated*: the MILP's plan "
-              "in the simulator.", "",
-              "| model | budget | units | predicted | bound | simulated | slackswap | gap (optimal - slackswap) | "
-              "solve time | rounds |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for d in details:
-        lines.append(f"| {d['model']} | {d['fraction']:.1f} | {d['units']} | {d['predicted_pct']:.2f} % | "
-                     f"{d['bound_pct']:.2f} % | {d['simulated_pct']:.2f} % | {d['slackswap_pct']:.2f} % | "
-                     f"{d['simulated_pct'] - d['slackswap_pct']:+.2f} points | {d['solve_s']:.1f} s | {d['rounds']} |")
+              "", *optimal_section(details)]
     lines += ["", "## optimal repeats exactly", "",
               "Each model planned twice with `optimal` at the given budget, in separate processes with "
               "different PYTHONHASHSEED; the plan JSON and the simulated timeline are compared byte for byte "

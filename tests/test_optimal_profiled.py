@@ -88,8 +88,19 @@ def test_optimal_solves_profiled_workloads_and_its_first_plan_fits(name):
         assert timeline.step_time_s >= w.ideal_step_time_s
 
 
-def test_optimal_says_why_it_refuses():
+def test_optimal_returns_slackswaps_plan_where_its_milp_has_none(monkeypatch):
+    # At 20 % of the peak the MILP has no plan (every copy hidden behind compute, no stall allowed);
+    # slackswap fits with stalls, and `optimal` is never below a heuristic: it returns that plan.
+    from slackswap.planners import optimal
+
     w = Workload.load(PROFILED / "example-gpt2.json")
     budget = int(0.2 * simulate_ideal(w, HW).peak_memory_bytes)
+    plan = plan_workload(w, HW, budget, "optimal")
+    assert plan.info["milp_rounds"] == [] and "milp_objective_s" not in plan.info
+    assert plan.info["source"] == "slackswap" and "its MILP has no plan that fits" in plan.info["rule"]
+    assert plan.policy == "optimal"
+    assert dict(plan.actions) == dict(plan_workload(w, HW, budget, "slackswap").actions)
+    # With no heuristic plan either, it says why it refuses.
+    monkeypatch.setattr(optimal, "_heuristic_candidate", lambda *args: None)
     with pytest.raises(BudgetError, match="its MILP has no solution there"):
         plan_workload(w, HW, budget, "optimal")

@@ -38,15 +38,18 @@ the MILP's prediction.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import time
+from dataclasses import dataclass
+from typing import Any
 
 from ..errors import BudgetError, require
 from ..hardware import Hardware
 from ..plans import Action, Plan
 from ..units import format_bytes
 from ..workload import Workload
-from .common import Facts, block_layers, build, evaluate, facts_for, natural_peak_bytes, policy_cannot_fit, with_info
-from .copies import d2h_time_s
+from .common import (Candidate, Facts, block_layers, build, evaluate, facts_for, natural_peak_bytes,
+                     policy_cannot_fit, with_info)
 from .rebuilds import Rebuild, rebuild_of_op, rebuilds_of
 from .selection import op_items
 
@@ -112,9 +115,12 @@ class _Rows:
         self.vals: list[float] = []
         self.lower: list[float] = []
         self.upper: list[float] = []
+        self.family: list[str] = []
+        self.current = ""  # the family rows added now belong to (_assess names the rows a plan breaks)
 
     def add(self, entries, lo: float, hi: float) -> None:
         r = len(self.lower)
+        self.family.append(self.current)
         for col, val in entries:
             if val != 0.0:
                 self.rows.append(r)
@@ -171,10 +177,25 @@ def _chains(facts: Facts, rebuilds: list[list[Rebuild]], unit_of: dict[str, int]
     return found, too_deep
 
 
-def _solve(facts: Facts, hardware: Hardware, units: list[tuple[str, ...]], limit_bytes: int) -> dict | None:
-    """Solve the MILP for a memory limit; None when HiGHS finds no solution."""
+@dataclass(frozen=True)
+class _Milp:
+    """One MILP instance: minimize objective @ x, lower <= matrix @ x <= upper, 0 <= x <= var_upper,
+    the first 2 * units columns binary (s_u, then r_u)."""
+
+    objective: Any
+    matrix: Any
+    lower: list[float]
+    upper: list[float]
+    var_upper: Any
+    integrality: Any
+    family: list[str]
+    units: int
+    time_unit: float
+
+
+def _model(facts: Facts, hardware: Hardware, units: list[tuple[str, ...]], limit_bytes: int) -> _Milp:
+    """The MILP for a memory limit (module docstring)."""
     np = require("numpy", "milp", "the optimal planner")
-    optimize = require("scipy.optimize", "milp", "the optimal planner")
     sparse = require("scipy.sparse", "milp", "the optimal planner")
     w = facts.workload
     n_ops = len(w.ops)
@@ -192,9 +213,13 @@ def _solve(facts: Facts, hardware: Hardware, units: list[tuple[str, ...]], limit
     # Op indices of backward readers: memory is counted per backward step (op index).
     last_reader = [min(w.last_bwd_reader[t] for t in u) for u in units]
     first_reader = [max(w.op_index[r] for t in u for r in w.tensor_by_name[t].bwd_readers) for u in units]
-    out_s = [sum(d2h_time_s(hardware, facts.size[t]) for t in u) / time_unit for u in units]
-    back_s = [sum(hardware.copy_latency_s + facts.size[t] / hardware.h2d_bytes_per_s for t in u) / time_unit
-              for u in units]
+    # A copy queued behind another starts moving bytes as that one ends, its launch latency hidden
+    # (docs/simulator.md): on one stream a copy ends at max(previous end, ready + latency) + bytes,
+    # so a FIFO of copies ends by max over k of (ready_k + latency + bytes of k and every copy after
+    # it). The rows below pay the latency once per such k, not once per copy.
+    latency = hardware.copy_latency_s / time_unit
+    out_s = [sum(facts.size[t] / hardware.d2h_bytes_per_s for t in u) / time_unit for u in units]
+    back_s = [sum(facts.size[t] / hardware.h2d_bytes_per_s for t in u) / time_unit for u in units]
     rebuilds = [rebuilds_of(facts, u) for u in units]
     unit_of = {t: k for k, u in enumerate(units) for t in u}
     depth = CHAIN_DEPTH if u_count <= CHAIN_DEPTH_UNITS else 0
@@ -214,6 +239,7 @@ def _solve(facts: Facts, hardware: Hardware, units: list[tuple[str, ...]], limit
     S = lambda u: u  # noqa: E731 - column of s_u
     R = lambda u: u_count + u  # noqa: E731 - column of r_u
     rows = _Rows()
+    rows.current = "actions and rebuild ops"
     for u in range(u_count):
         rows.add([(S(u), 1.0), (R(u), 1.0)], -np.inf, 1.0)
         for op in sorted({i for r in rebuilds[u] for i in r.ops}):
@@ -223,22 +249,24 @@ def _solve(facts: Facts, hardware: Hardware, units: list[tuple[str, ...]], limit
         for v in sorted({unit_of[t] for r in rebuilds[u] for t in r.need_kept}):
             if v != u:  # a unit's own tensors already arrive at its latest first reader
                 rows.add([(R(u), 1.0), (S(v), 1.0)], -np.inf, 1.0)
-    # Copies out: a_k = out_k s_k + a_{k+1} over production order; made_k + a_k <= forward time.
+    # Copies out: a_k = out_k s_k + a_{k+1} over production order; made_k + latency s_k + a_k <= forward time.
+    rows.current = "copies out end in forward"
     by_made = sorted(range(u_count), key=lambda u: (made[u], u))
     for pos, u in enumerate(by_made):
         entries = [(d2h_col + pos, 1.0), (S(u), -out_s[u])]
         if pos + 1 < u_count:
             entries.append((d2h_col + pos + 1, -1.0))
         rows.add(entries, 0.0, 0.0)
-        rows.add([(d2h_col + pos, 1.0)], -np.inf, facts.forward_time_s / time_unit - made[u])
-    # Copies back: b_k = b_{k-1} + back_k s_k over first-use order; b_k <= first use of k.
+        rows.add([(d2h_col + pos, 1.0), (S(u), latency)], -np.inf, facts.forward_time_s / time_unit - made[u])
+    # Copies back: b_k = b_{k-1} + back_k s_k over first-use order; latency s_k + b_k <= first use of k.
+    rows.current = "copies back land in time"
     by_use = sorted(range(u_count), key=lambda u: (first_use[u], u))
     for pos, u in enumerate(by_use):
         entries = [(h2d_col + pos, 1.0), (S(u), -back_s[u])]
         if pos > 0:
             entries.append((h2d_col + pos - 1, -1.0))
         rows.add(entries, 0.0, 0.0)
-        rows.add([(h2d_col + pos, 1.0)], -np.inf, first_use[u])
+        rows.add([(h2d_col + pos, 1.0), (S(u), latency)], -np.inf, first_use[u])
     # Memory: v_i = bytes off the device at backward step i = sum over units with first reader < i of
     # size x; v_{i+1} = v_i + those with first reader i. Need v_i >= inputs + held_i - limit, where
     # held_i = units whose last reader is <= i (all of them at i = n_ops, the end of forward).
@@ -253,6 +281,7 @@ def _solve(facts: Facts, hardware: Hardware, units: list[tuple[str, ...]], limit
         running += held[i] if i < n_ops else 0.0
         held[i] = running
     held[n_ops] = running
+    rows.current = "memory, backward"
     rows.add([(mem_col, 1.0)], 0.0, 0.0)
     limit = limit_bytes / scale
     inputs = facts.input_bytes / scale
@@ -267,6 +296,7 @@ def _solve(facts: Facts, hardware: Hardware, units: list[tuple[str, ...]], limit
         for r in rebuilds[u]:
             if r.dead_extra_bytes:
                 group_extra.setdefault(r.at, []).append((R(u), -r.dead_extra_bytes / scale))
+    rows.current = "rebuild chains"
     for k, (path, rebuild) in enumerate(chain_list):
         col, v = z_col0 + k, path[-1]
         rows.add([(col, 1.0)] + [(R(x), -1.0) for x in path], 1.0 - len(path), np.inf)
@@ -282,6 +312,7 @@ def _solve(facts: Facts, hardware: Hardware, units: list[tuple[str, ...]], limit
             group_extra.setdefault(rebuild.at, []).append((col, -rebuild.dead_extra_bytes / scale))
     for path, v in too_deep:
         rows.add([(R(x), 1.0) for x in path + (v,)], -np.inf, float(len(path)))
+    rows.current = "memory, backward"
     for i in range(n_ops + 1):
         rows.add([(mem_col + i, 1.0)] + group_extra.get(i, []), inputs + held[i] - limit, np.inf)
     # Forward memory at the start of each op i (its outputs just allocated): every unit made so far,
@@ -298,13 +329,14 @@ def _solve(facts: Facts, hardware: Hardware, units: list[tuple[str, ...]], limit
     gone_swap: dict[int, list[int]] = {}
     for u in range(u_count):
         gone_rec.setdefault(last_fwd[u] + 1, []).append(u)
-        copied = bisect.bisect_left(starts, made[u] + out_s[u])
+        copied = bisect.bisect_left(starts, made[u] + latency + out_s[u])
         gone_swap.setdefault(max(last_fwd[u] + 1, copied), []).append(u)
     made_bytes = [0.0] * n_ops
     for u in range(u_count):
         made_bytes[made_op[u]] += size[u]
     fwd_col = n_vars
     n_vars += n_ops
+    rows.current = "memory, forward"
     rows.add([(fwd_col, 1.0)], 0.0, 0.0)
     allocated = inputs
     for i in range(n_ops):
@@ -323,10 +355,18 @@ def _solve(facts: Facts, hardware: Hardware, units: list[tuple[str, ...]], limit
     integrality[: 2 * u_count] = 1
     upper = np.full(n_vars, np.inf)
     upper[: 2 * u_count + n_y] = 1.0
+    return _Milp(objective, matrix, rows.lower, rows.upper, upper, integrality, rows.family, u_count, time_unit)
+
+
+def _solve(facts: Facts, hardware: Hardware, units: list[tuple[str, ...]], limit_bytes: int) -> dict | None:
+    """Solve the MILP for a memory limit; None when HiGHS finds no solution."""
+    np = require("numpy", "milp", "the optimal planner")
+    optimize = require("scipy.optimize", "milp", "the optimal planner")
+    m = _model(facts, hardware, units, limit_bytes)
     started = time.perf_counter()
     result = optimize.milp(
-        objective, constraints=[optimize.LinearConstraint(matrix, rows.lower, rows.upper)],
-        integrality=integrality, bounds=optimize.Bounds(np.zeros(n_vars), upper),
+        m.objective, constraints=[optimize.LinearConstraint(m.matrix, m.lower, m.upper)],
+        integrality=m.integrality, bounds=optimize.Bounds(np.zeros(len(m.objective)), m.var_upper),
         options={"node_limit": NODE_LIMIT, "mip_rel_gap": MIP_REL_GAP},
     )
     solve_s = time.perf_counter() - started
@@ -334,15 +374,60 @@ def _solve(facts: Facts, hardware: Hardware, units: list[tuple[str, ...]], limit
         return None
     actions: dict[str, Action] = {}
     for u, names in enumerate(units):
-        action = Action.SWAP if result.x[S(u)] > 0.5 else Action.RECOMPUTE if result.x[R(u)] > 0.5 else None
+        action = (Action.SWAP if result.x[u] > 0.5 else Action.RECOMPUTE if result.x[m.units + u] > 0.5
+                  else None)
         if action is not None:
             actions.update({t: action for t in names})
     dual = getattr(result, "mip_dual_bound", None)
-    objective_s = float(result.fun) * time_unit
+    objective_s = float(result.fun) * m.time_unit
     return {"actions": actions, "objective_s": objective_s, "solve_s": solve_s,
-            "dual_bound_s": float(dual) * time_unit if dual is not None else objective_s,
+            "dual_bound_s": float(dual) * m.time_unit if dual is not None else objective_s,
             "gap": float(getattr(result, "mip_gap", 0.0) or 0.0), "proven": bool(result.status == 0),
-            "variables": n_vars, "binaries": 2 * u_count, "rows": len(rows.lower)}
+            "variables": len(m.objective), "binaries": 2 * m.units, "rows": len(m.lower)}
+
+
+def _assess(facts: Facts, hardware: Hardware, units: list[tuple[str, ...]], limit_bytes: int,
+            actions: dict[str, Action]) -> dict:
+    """How the linear model sees a given plan (its binaries fixed): ``objective_s`` when the model
+    admits it, else None, and ``broken``, the row families that keep it out (each family that alone admits no
+    solution). ``representable`` is False when a unit's tensors take different
+    actions, which the model cannot express (nothing else is then reported)."""
+    np = require("numpy", "milp", "the optimal planner")
+    optimize = require("scipy.optimize", "milp", "the optimal planner")
+    m = _model(facts, hardware, units, limit_bytes)
+    fixed_low, fixed_up = np.zeros(len(m.objective)), np.array(m.var_upper, dtype=float)
+    for u, names in enumerate(units):
+        chosen = {actions.get(t, Action.KEEP) for t in names}
+        if len(chosen) > 1:
+            return {"representable": False, "objective_s": None, "broken": []}
+        (action,) = chosen
+        fixed_low[u] = fixed_up[u] = 1.0 if action is Action.SWAP else 0.0
+        fixed_low[m.units + u] = fixed_up[m.units + u] = 1.0 if action is Action.RECOMPUTE else 0.0
+
+    def solve(keep_rows):
+        return optimize.linprog(m.objective, bounds=list(zip(fixed_low, fixed_up)), method="highs",
+                                **_as_ranges(m, np.flatnonzero(keep_rows)))
+
+    result = solve(np.ones(len(m.lower), dtype=bool))
+    if result.status == 0:
+        return {"representable": True, "objective_s": float(result.fun) * m.time_unit, "broken": []}
+    family = np.array(m.family)
+    broken = [name for name in dict.fromkeys(m.family) if solve(family == name).status != 0]
+    return {"representable": True, "objective_s": None, "broken": broken}
+
+
+def _as_ranges(m: _Milp, rows) -> dict:
+    """linprog's A_ub / A_eq form of the rows ``rows`` of ``m`` (lower <= row <= upper)."""
+    np = require("numpy", "milp", "the optimal planner")
+    sparse = require("scipy.sparse", "milp", "the optimal planner")
+    matrix = m.matrix[rows]
+    lower, upper = np.array(m.lower)[rows], np.array(m.upper)[rows]
+    equal = lower == upper
+    below = ~equal & np.isfinite(upper)
+    above = ~equal & np.isfinite(lower)
+    return {"A_ub": sparse.vstack([matrix[below], -matrix[above]]),
+            "b_ub": np.concatenate([upper[below], -lower[above]]),
+            "A_eq": matrix[equal], "b_eq": lower[equal]}
 
 
 def plan_optimal(workload: Workload, hardware: Hardware, budget_bytes: int) -> Plan:
@@ -383,7 +468,8 @@ def plan_optimal(workload: Workload, hardware: Hardware, budget_bytes: int) -> P
         if peak <= budget_bytes:
             break
         margin += peak - budget_bytes
-    if best is None:
+    heuristic = _heuristic_candidate(workload, hardware, budget_bytes)
+    if best is None and heuristic is None:
         if rounds:
             raise policy_cannot_fit("optimal", budget_bytes, min(r["peak_bytes"] for r in rounds),
                                     "the lowest peak of its MILP plans: raise the budget")
@@ -391,13 +477,40 @@ def plan_optimal(workload: Workload, hardware: Hardware, budget_bytes: int) -> P
             f"policy optimal cannot fit {format_bytes(budget_bytes)} ({budget_bytes} bytes): its MILP has no "
             "solution there (its model hides every copy behind compute and has no stalls); raise the budget "
             "or use slackswap or capuchin, which may fit with stalls")
-    cand, solved, margin = best
     ideal = workload.ideal_step_time_s
-    return with_info(
-        cand.plan, rule=f"MILP over keep/swap/recompute, {len(units)} decision units ({granularity}), HiGHS",
-        milp_objective_s=solved["objective_s"], milp_dual_bound_s=solved["dual_bound_s"],
-        milp_gap=solved["gap"], milp_predicted_step_time_s=ideal + solved["objective_s"],
-        milp_bound_step_time_s=ideal + solved["dual_bound_s"], milp_solve_time_s=total_solve_s,
-        milp_proven_optimal=solved["proven"], milp_margin_bytes=margin, milp_decisions=solved["binaries"],
-        milp_units=len(units), milp_rounds=rounds, simulated_step_time_s=cand.step_time_s,
-    )
+    rule = f"MILP over keep/swap/recompute, {len(units)} decision units ({granularity}), HiGHS"
+    common = {"milp_solve_time_s": total_solve_s, "milp_units": len(units), "milp_rounds": rounds,
+              "heuristic_step_time_s": heuristic.step_time_s if heuristic is not None else None}
+    if best is not None:
+        cand, solved, margin = best
+        common.update(
+            milp_objective_s=solved["objective_s"], milp_dual_bound_s=solved["dual_bound_s"],
+            milp_gap=solved["gap"], milp_predicted_step_time_s=ideal + solved["objective_s"],
+            milp_bound_step_time_s=ideal + solved["dual_bound_s"], milp_proven_optimal=solved["proven"],
+            milp_margin_bytes=margin, milp_decisions=solved["binaries"])
+    if heuristic is not None and (best is None or heuristic.step_time_s < best[0].step_time_s):
+        why = ("its MILP has no plan that fits" if best is None else
+               f"it simulates faster than the MILP's plan ({best[0].step_time_s:.6g} s)")
+        plan = dataclasses.replace(heuristic.plan, policy="optimal", info={})
+        return with_info(plan, rule=f"{rule}; {HEURISTIC}'s plan returned: {why}", source=HEURISTIC,
+                         simulated_step_time_s=heuristic.step_time_s, **common)
+    return with_info(best[0].plan, rule=rule, source="milp", simulated_step_time_s=best[0].step_time_s, **common)
+
+
+HEURISTIC = "slackswap"
+"""The heuristic whose plan `optimal` returns where it simulates faster than the MILP's: the MILP's
+linear model is pessimistic against the simulator in places (docs/planners.md, `optimal`), and
+`slackswap` is never below another heuristic (tests/test_profiled_quality.py), so `optimal` is
+never below any heuristic either."""
+
+
+def _heuristic_candidate(workload: Workload, hardware: Hardware, budget_bytes: int) -> Candidate | None:
+    """``HEURISTIC``'s plan at the budget, simulated; None when it refuses the budget."""
+    from .slackswap import plan_slackswap
+
+    try:
+        plan = plan_slackswap(workload, hardware, budget_bytes)
+    except BudgetError:
+        return None
+    found = evaluate(workload, hardware, plan, budget_bytes)
+    return found if found.fits else None
