@@ -80,3 +80,15 @@ def test_plan_command_reports_a_budget_below_the_minimum(tmp_path, capsys):
     assert main(["plan", "--model", "bert-large", "--budget", "0.05", "--out", str(tmp_path / "p.json")]) == 2
     err = capsys.readouterr().err
     assert "below the minimum any plan can reach" in err and err.count("\n") == 1
+
+
+def test_optimal_note_says_when_the_plan_is_slackswaps():
+    from slackswap.cli.reproduce_cmd import policy_rows
+
+    milp = {"fits": True, "throughput_pct": 99.0, "peak_memory_bytes": 1024, "step_time_s": 1.0,
+            "milp_objective_s": 0.02, "milp_dual_bound_s": 0.01, "milp_predicted_step_time_s": 1.02,
+            "milp_solve_time_s": 3.0}
+    rows = policy_rows({"policies": {"optimal": {**milp, "source": "milp"},
+                                     "optimal-2": {**milp, "source": "slackswap"}}})
+    assert "slackswap's" not in rows[0][4] and "MILP objective" in rows[0][4]
+    assert rows[1][4].endswith("the plan is slackswap's, which simulates faster than the MILP's")

@@ -96,6 +96,8 @@ def policy_rows(row: dict) -> list[tuple[str, str, str, str, str]]:
                     f"{format_seconds(r.get('milp_dual_bound_s', r['milp_objective_s']))}), predicted step "
                     f"{format_seconds(r['milp_predicted_step_time_s'])}, simulated {format_seconds(r['step_time_s'])}, "
                     f"solved in {format_seconds(r['milp_solve_time_s'])}")
+            if r.get("source") == "slackswap":
+                note += "; the plan is slackswap's, which simulates faster than the MILP's"
         rows.append((name, f"{r['throughput_pct']:.2f}%", format_bytes(r["peak_memory_bytes"]),
                      format_seconds(r["step_time_s"]), note))
     return rows

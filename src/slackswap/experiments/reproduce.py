@@ -111,7 +111,7 @@ def _policy_result(workload: Workload, hw: Hardware, budget: int, policy: str) -
         "recomputed_bytes": plan.bytes_with(workload, Action.RECOMPUTE), "plan_time_s": plan_time,
     }
     for key in ("milp_objective_s", "milp_dual_bound_s", "milp_gap", "milp_predicted_step_time_s",
-                "milp_bound_step_time_s", "milp_solve_time_s", "milp_proven_optimal", "milp_units"):
+                "milp_bound_step_time_s", "milp_solve_time_s", "milp_proven_optimal", "milp_units", "source"):
         if key in plan.info:
             result[key] = plan.info[key]
     return result
