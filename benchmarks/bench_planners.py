@@ -253,7 +253,7 @@ def speed_markdown(speed: dict) -> str:
              "`benchmarks/bench_planners.py --speed-only`: each version in a fresh process per run; "
              "process-internal time of `plan_workload` (its budget check included, the workload built "
              f"before the clock starts), wall and CPU; median of {speed['repeats']} runs for the built-in "
-             f"models and the gpt2-xl series up to {SCALING_REPEATS_UP_TO} layers, one run per layer count "
+             f"models, the profiled workloads and the gpt2-xl series up to {SCALING_REPEATS_UP_TO} layers, one run per layer count "
              f"beyond (a version is not run on longer models once a run takes over {STOP_AFTER_CPU_SECONDS:.0f} s "
              f"of CPU). Previous version: commit {speed['previous']}. Machine load (1/5/15-minute load "
              f"averages, 2 cores): {_load(speed['load'][0])} at the start, {_load(speed['load'][1])} at the end; "
