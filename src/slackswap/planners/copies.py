@@ -169,6 +169,35 @@ class WindowBooking:
     def fits(self, name: str, *, out_deadline_s: float | None) -> bool:
         return self._walk(name, out_deadline_s, commit=False)
 
+    LOWER_BOUND_COPIES = 16
+
+    def _clearly_late_before(self, pos: int, own_end: float, use_key: tuple[float, str]) -> bool:
+        """Without a deadline the copy-out walk runs to the end of a busy stream, only to learn how
+        far the last copy out now runs into backward (the duplex tail), and the copy-back walk then
+        starts from the first copy back. Answered first from lower bounds: the last copy out ends no
+        earlier than recorded, nor, when no copy out after the new one waits for its tensor, earlier
+        than recorded plus the whole delay; every copy back before the new one is ready no earlier
+        than recorded. A copy back among the first LOWER_BOUND_COPIES that lands clearly late even
+        then is late in the exact walk too, which would answer no on reaching it (it answers yes
+        only past the new copy); a landing only grows with its start, its ready time and the tail."""
+        out_end = self.out_end_s
+        forward_s = self.facts.forward_time_s
+        margin = self.margin_s
+        last_out_s = max(out_end[-1], own_end) if out_end else own_end
+        if pos < len(out_end) and pos >= self.out_waits.rfind(1) + 1:
+            delay = own_end - (out_end[pos - 1] if pos else 0.0)
+            last_out_s = max(last_out_s, out_end[-1] + delay - margin)
+        tail_s = max(0.0, last_out_s - forward_s)
+        if tail_s <= self.tail_s:
+            return False  # no later tail than recorded: the exact walk's own shortcuts answer
+        first_use, end_of = self.facts.first_use_s, self.end_of
+        now = 0.0
+        for _, other in self.by_use[:min(bisect.bisect_left(self.by_use, use_key), self.LOWER_BOUND_COPIES)]:
+            now = self._copy_back(now, end_of[other] - forward_s, other, tail_s)
+            if now > first_use[other] + margin:
+                return True
+        return False
+
     def _walk(self, name: str, out_deadline_s: float | None, *, commit: bool) -> bool:
         facts, hw = self.facts, self.hardware
         made_key, use_key = self._keys(name)
@@ -183,6 +212,8 @@ class WindowBooking:
         free_at = own_end = max(free_at, made_at[name]) + latency + size[name] / d2h
         moved: dict[str, float] = {name: own_end}
         forward_s = facts.forward_time_s
+        if out_deadline_s is None and not commit and self._clearly_late_before(pos, own_end, use_key):
+            return False
         count = len(by_made)
         # From here on no recorded copy out waits for its tensor: the delay reaches the last one whole.
         plain_after = self.out_waits.rfind(1) + 1
