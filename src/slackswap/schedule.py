@@ -16,18 +16,7 @@ from typing import Any, Mapping, Sequence
 from .errors import PlanMismatchError, ValidationError
 from .hardware import Hardware
 from .plans import Action, CopyBack, ExecutionSchedule, Plan, RecomputeGroup
-from .workload import Workload
-
-
-def backward_step_of(n_ops: int, op_index: int) -> int:
-    """The backward step that runs op ``op_index``'s backward: the backward pass runs the ops in
-    reverse, so step 0 is the last op's."""
-    return n_ops - 1 - op_index
-
-
-def op_of_backward_step(n_ops: int, step: int) -> int:
-    """The index of the op whose backward runs at backward step ``step``."""
-    return n_ops - 1 - step
+from .workload import Workload, backward_step_of, op_of_backward_step  # noqa: F401 - re-exported
 
 
 def first_use_step(workload: Workload, name: str) -> int:

@@ -29,6 +29,17 @@ MAX_OP_TIME_S = 1e6
 """Longest op accepted: beyond it the input is a unit mistake, and sums of such times could overflow."""
 
 
+def backward_step_of(n_ops: int, op_index: int) -> int:
+    """The backward step that runs op ``op_index``'s backward: the backward pass runs the ops in
+    reverse, so step 0 is the last op's."""
+    return n_ops - 1 - op_index
+
+
+def op_of_backward_step(n_ops: int, step: int) -> int:
+    """The index of the op whose backward runs at backward step ``step``."""
+    return n_ops - 1 - step
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Tensor:
     name: str
@@ -120,8 +131,9 @@ class Workload:
     def first_bwd_step(self) -> dict[str, int]:
         """Backward step of the first backward read of each saved tensor (backward runs the ops in
         reverse, so the reader with the largest forward index reads first)."""
-        last = len(self.ops) - 1
-        return {t.name: last - max(self.op_index[r] for r in t.bwd_readers) for t in self.saved_tensors}
+        n = len(self.ops)
+        return {t.name: backward_step_of(n, max(self.op_index[r] for r in t.bwd_readers))
+                for t in self.saved_tensors}
 
     @cached_property
     def bwd_step_starts_s(self) -> tuple[float, ...]:
