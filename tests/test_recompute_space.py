@@ -15,7 +15,7 @@ from slackswap.errors import BudgetError
 from slackswap.hardware import PRESETS
 from slackswap.planners import minimum_budget_bytes, plan_workload
 from slackswap.planners.common import build, facts_for
-from slackswap.planners.recompute_space import (RecomputeReplay, frontier_descent, recompute_flops,
+from slackswap.planners.recompute_space import (RecomputeReplay, frontier_descent,
                                                  recompute_lower_bound_s)
 from slackswap.planners.selection import actions_for
 from slackswap.sim import simulate, simulate_ideal
@@ -118,8 +118,8 @@ def test_the_flops_objective_drops_the_pointwise_tensor_by_hand():
     assert [RecomputeReplay(facts).run([n])[0] for n in ("a0", "a1", "a2")] == [301, 301, 401]
     assert frontier_descent(facts, 301)[0] == ("a0",)
     assert frontier_descent(facts, 301, objective="flops")[0] == ("a1",)
-    assert recompute_flops(w, build(w, HW, actions_for(recompute=["a1"]), "test", 301)) == 0.0
-    assert recompute_flops(w, build(w, HW, actions_for(recompute=["a0"]), "test", 301)) == 1000.0
+    assert build(w, HW, actions_for(recompute=["a1"]), "test", 301).recompute_flops(w) == 0.0
+    assert build(w, HW, actions_for(recompute=["a0"]), "test", 301).recompute_flops(w) == 1000.0
     with pytest.raises(ValueError, match="unknown recompute objective"):
         frontier_descent(facts, 301, objective="bytes")
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import enum
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -157,6 +158,11 @@ class Plan:
 
     def bytes_with(self, workload: Workload, action: Action) -> int:
         return sum(workload.tensor_by_name[n].size_bytes for n, a in self.actions.items() if a is action)
+
+    def recompute_flops(self, workload: Workload) -> float:
+        """Forward FLOPs the recompute groups re-run (the profile's per-op FLOPs)."""
+        index = workload.op_index
+        return math.fsum(workload.ops[index[o]].flops for group in self.recompute_groups.values() for o in group)
 
     def to_dict(self, workload: Workload | None = None) -> dict[str, Any]:
         names = [t.name for t in workload.saved_tensors] if workload is not None else list(self.actions)

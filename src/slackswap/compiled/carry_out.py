@@ -245,11 +245,6 @@ def saved_tensor_layout(fw: fx.GraphModule, num_fwd_outputs: int,
     return rows
 
 
-def plan_recompute_flops(plan: Plan, graph_workload: GraphWorkload) -> float:
-    workload = graph_workload.workload
-    return sum(workload.ops[workload.op_index[o]].flops for group in plan.recompute_groups.values() for o in group)
-
-
 def graph_recompute_flops(bw: fx.GraphModule) -> float:
     """FLOPs of the forward nodes the backward graph re-runs (formula registry, as FlopCounterMode)."""
     from .graph_workload import _flops

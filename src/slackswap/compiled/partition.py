@@ -86,7 +86,7 @@ class PlanningPartitioner:
             saved=carry_out.saved_tensor_layout(fw, num_fwd_outputs, graph_workload), offloaded_bytes=offloaded,
             reload_positions=positions, recompute_copies=copies,
             graph_recompute_flops=carry_out.graph_recompute_flops(bw),
-            plan_recompute_flops=carry_out.plan_recompute_flops(plan, graph_workload),
+            plan_recompute_flops=plan.recompute_flops(graph_workload.workload),
             graph_workload=graph_workload, backward_graph=bw,
         ))
         return fw, bw

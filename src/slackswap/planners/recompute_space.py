@@ -170,13 +170,6 @@ def op_costs(workload, objective: str) -> list[float]:
     return [op.flops + op.fwd_time_s / total_s for op in workload.ops]
 
 
-def recompute_flops(workload, plan) -> float:
-    """Forward FLOPs a plan's recompute groups re-run (the profile's per-op FLOPs, which
-    FlopCounterMode counted: matmuls and attention, pointwise ops at zero)."""
-    index = workload.op_index
-    return math.fsum(workload.ops[index[name]].flops for g in plan.schedule.recompute_groups for name in g.ops)
-
-
 def recompute_only_run(facts: Facts, recomputed: Iterable[str], at_peak: list | None = None) -> tuple[int, float]:
     """(peak bytes, recompute seconds) of the plan that recomputes ``recomputed`` (RecomputeReplay.run)."""
     return RecomputeReplay(facts).run(recomputed, at_peak)

@@ -98,7 +98,7 @@ def build_execution_map(workload: Workload, plan: Plan) -> ExecutionMap:
     if unseen:
         notes.append(f"{len(unseen)} saved tensor(s) never reach the saved-tensor hooks (first: {unseen[0]!r}): "
                      "profile again")
-    plan_flops = sum(ops[index[g]].flops for group in plan.recompute_groups.values() for g in group)
+    plan_flops = plan.recompute_flops(workload)
     swap_bytes = plan.bytes_with(workload, Action.SWAP)
     return ExecutionMap(realized=dict(actions), pack_sequence=sequence, group_ops=group_ops, random_ops=random_ops,
                         plan_recompute_flops=plan_flops, runtime_recompute_flops=plan_flops,
