@@ -46,6 +46,28 @@ def test_the_replay_is_the_simulators_run(name):
         assert recompute_s == pytest.approx(want_s, rel=1e-12, abs=0.0)
 
 
+@pytest.mark.parametrize("name", ["hf-bert", "hf-llama"])
+def test_a_replay_from_a_record_is_the_whole_replay(name):
+    # Random walks of one to three items flipped at a time (the search's moves, and more), each
+    # plan replayed from the last record (run_flipped) against the whole replay from scratch.
+    facts = facts_for(Workload.load(PROFILED / f"{name}.json"))
+    replay = RecomputeReplay(facts)
+    rng = random.Random(name)
+    names = list(facts.candidates)
+    for share in (0.1, 0.3, 0.5, 0.7, 0.9):
+        recomputed = {n for n in names if rng.random() < share}
+        record = replay.record(replay.gone_of(recomputed))
+        assert (record.peak, record.cost) == replay.run(recomputed)
+        for _ in range(100):
+            flipped = rng.sample(names, rng.choice([1, 1, 2, 3]))
+            want = replay.run(recomputed.symmetric_difference(flipped))
+            assert replay.run_flipped(record, [replay.number[n] for n in flipped]) == want
+            if rng.random() < 0.3:  # walk on: the next flips start from a new record
+                recomputed.symmetric_difference_update(flipped)
+                record = replay.record(replay.gone_of(recomputed))
+        assert replay.run_flipped(record, []) == replay.run(recomputed)
+
+
 def test_the_lower_bound_by_hand():
     # chain(4): a0, a1, a2 of 100 B and the 1 B input x; a2 is read by the last op, so it is on
     # the device when the forward pass ends whatever the plan. At 201 B, 100 B must go: a0 (op0,

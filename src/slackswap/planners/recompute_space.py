@@ -47,6 +47,10 @@ budget, and spends all it may when no plan fits: the same measure as DESCENT_OP_
 at most WANDER_MAX_REPLAYS replays on small workloads (about 2,300 on the 2-layer profiled models,
 1-2 s there)."""
 
+MAX_FLIPPED_ITEMS = 2
+"""A search's replay starts from its last record when the plan asked about differs from it in at
+most this many items (whole producers); otherwise it is recorded anew (RecomputeReplay.record)."""
+
 WANDER_KICK = 3
 """Items the wander flips at random in its best set before climbing again: on the 2-layer
 profiled models, 3 reached lower peaks than restarting from a fresh random set (at 3 seeds each)."""
@@ -55,7 +59,16 @@ profiled models, 3 reached lower peaks than restarting from a fresh random set (
 class RecomputeReplay:
     """A workload's recompute-only plans replayed by tensor and op numbers (built once per search):
     the groups of schedule.derive_recompute_groups and the memory rules of the simulator, in one
-    pass over the step."""
+    pass over the step.
+
+    A search asks mostly about plans one or two producers away from the one it stands on, so a
+    replay can be ``recorded`` (ReplayRecord) and its neighbours replayed from it
+    (``run_flipped``): the backward steps before the first that looks at a flipped tensor are the
+    record's, shifted by the flipped bytes, and once the device holds the same tensors as the
+    record did at a step, the rest is the record's too (a flipped tensor held by both is freed by
+    both after its last reader, and one held by neither is recomputed in both: a kept one is held
+    until its last reader). The answers are the whole replay's, bit for bit
+    (tests/test_recompute_space.py flips at random and compares)."""
 
     def __init__(self, facts: Facts, objective: str = "time") -> None:
         w = facts.workload
@@ -74,17 +87,46 @@ class RecomputeReplay:
         self.op_cost = op_costs(w, objective)
         self.step_inputs = [number[t.name] for t in w.tensors if t.producer is None]
         self.input_bytes = facts.input_bytes
+        count = len(self.size)
+        # For records: the forward op after which a recomputed tensor is freed (-1: never), what a
+        # group re-running an op looks at, and the backward steps that look at a tensor whatever
+        # the plan (its reads and its free).
+        self.fwd_freed_after = [-1] * count
+        for i, ts in enumerate(self.fwd_frees):
+            for t in ts:
+                self.fwd_freed_after[t] = i
+        self.looked_at_by_group = [self.inputs[op] + self.saved_outputs[op] for op in range(len(w.ops))]
+        self.looked_at_always = [-1] * count
+        for i in range(len(w.ops)):
+            for t in self.bwd_reads[i] + self.bwd_frees[i]:
+                self.looked_at_always[t] = max(self.looked_at_always[t], i)
+
+    def gone_of(self, recomputed: Iterable[str]) -> bytearray:
+        gone = bytearray(len(self.size))
+        number = self.number
+        for name in recomputed:
+            gone[number[name]] = 1
+        return gone
 
     def run(self, recomputed: Iterable[str], at_peak: list | None = None) -> tuple[int, float]:
         """(peak bytes, recompute cost) of the plan that recomputes ``recomputed`` and keeps
         every other candidate: what the simulator reports for it with no memory limit (the cost
         in seconds of recompute under the "time" objective, op_costs otherwise).
         ``at_peak``, when given, receives the recomputed tensors on the device at the (first) peak."""
-        number, size = self.number, self.size
+        return self._replay(self.gone_of(recomputed), at_peak, None)
+
+    def record(self, gone: bytearray, at_peak: list | None = None) -> "ReplayRecord":
+        """The replay of the plan that recomputes the tensors numbered in ``gone`` (a 0/1 byte per
+        tensor), with what ``run_flipped`` needs to replay its neighbours."""
+        rec = ReplayRecord(bytearray(gone), len(self.op_cost))
+        rec.looked_at = list(self.looked_at_always)
+        rec.peak, rec.cost = self._replay(rec.gone, at_peak, rec)
+        rec.finish()
+        return rec
+
+    def _replay(self, gone: bytearray, at_peak: list | None, rec: "ReplayRecord | None") -> tuple[int, float]:
+        size = self.size
         count = len(size)
-        gone = bytearray(count)
-        for name in recomputed:
-            gone[number[name]] = 1
         present = bytearray(count)
         mem = peak = self.input_bytes
         n = len(self.op_cost)
@@ -94,11 +136,14 @@ class RecomputeReplay:
                 names = self.facts.workload.tensors
                 at_peak[:] = [names[i].name for i in range(count) if present[i] and gone[i]]
 
+        fwd_mem = rec.fwd_mem if rec is not None else None
         for i in range(n):
             for t in self.saved_outputs[i]:
                 if not present[t]:
                     present[t] = 1
                     mem += size[t]
+            if fwd_mem is not None:
+                fwd_mem[i] = mem
             if mem > peak:
                 peak = mem
                 snapshot()
@@ -110,10 +155,31 @@ class RecomputeReplay:
         # what is present, plus the step inputs; a group's outputs are temps while it runs.
         for t in self.step_inputs:
             present[t] = 1
-        recompute_cost = 0.0
+        return self._backward(gone, present, mem, peak, 0.0, n - 1, snapshot, rec, None)
+
+    def _backward(self, gone: bytearray, present: bytearray, mem: int, peak: int, recompute_cost: float,
+                  top: int, snapshot, rec: "ReplayRecord | None",
+                  base: "ReplayRecord | None") -> tuple[int, float]:
+        """Backward steps ``top`` down to 0 from the given state. ``rec``: filled in as it runs.
+        ``base``: the record to rejoin, for run_flipped."""
+        size = self.size
         producer, inputs, outputs = self.producer, self.inputs, self.outputs
         last_reader = self.last_reader
-        for op_i in range(n - 1, -1, -1):
+        looked_at = rec.looked_at if rec is not None else None
+        for op_i in range(top, -1, -1):
+            if base is not None:
+                snap = base.steps[op_i]
+                if present == snap[0]:
+                    # The device holds what the record's did here (so the same bytes): the rest is
+                    # the record's.
+                    if base.peak_from[op_i] > peak:
+                        peak = base.peak_from[op_i]
+                    for cost in base.costs[snap[2]:]:
+                        recompute_cost += cost
+                    return peak, recompute_cost
+            if rec is not None:
+                rec.steps[op_i] = (bytes(present), mem, len(rec.costs), recompute_cost)
+                high = -1
             missing = [t for t in self.bwd_reads[op_i] if not present[t]]
             if missing:
                 in_group: set[int] = set()
@@ -139,11 +205,18 @@ class RecomputeReplay:
                 made: list[int] = []
                 for op in sorted(in_group):
                     recompute_cost += self.op_cost[op]
+                    if rec is not None:
+                        rec.costs.append(self.op_cost[op])
+                        for t in self.looked_at_by_group[op]:
+                            if looked_at[t] < op_i:
+                                looked_at[t] = op_i
                     for t in self.saved_outputs[op]:
                         if not present[t]:
                             present[t] = 1
                             mem += size[t]
                             made.append(t)
+                    if rec is not None and mem > high:
+                        high = mem
                     if mem > peak:
                         peak = mem
                         snapshot()
@@ -151,11 +224,86 @@ class RecomputeReplay:
                     if not (gone[t] and last_reader[t] <= op_i):
                         present[t] = 0
                         mem -= size[t]
+            if rec is not None:
+                rec.high[op_i] = high
             for t in self.bwd_frees[op_i]:
                 if present[t]:
                     present[t] = 0
                     mem -= size[t]
         return peak, recompute_cost
+
+    def run_flipped(self, rec: "ReplayRecord", flipped: Iterable[int]) -> tuple[int, float]:
+        """``run`` of the plan that differs from ``rec``'s in the tensors numbered ``flipped``
+        (recomputed there if kept in the record, kept if recomputed), from the record."""
+        size, freed_after = self.size, self.fwd_freed_after
+        gone = bytearray(rec.gone)
+        start = -1  # the first backward step that looks at a flipped tensor
+        changes = []  # (forward op after which the flip changes memory, bytes it adds)
+        for t in flipped:
+            gone[t] ^= 1
+            start = max(start, rec.looked_at[t])
+            if freed_after[t] >= 0:
+                changes.append((freed_after[t] + 1, -size[t] if gone[t] else size[t]))
+        if start < 0:  # nothing flipped
+            return rec.peak, rec.cost
+        # Forward: the record's memory after each op's allocations, plus the flips' changes from
+        # the op after the one that frees them when recomputed.
+        changes.sort()
+        fwd = rec.fwd_mem
+        peak = self.input_bytes
+        shift, at = 0, 0
+        for until, change in changes + [(len(fwd), 0)]:
+            if until > at:
+                peak = max(peak, max(fwd[at:until]) + shift)
+                at = until
+            shift += change
+        # Backward up to ``start`` is the record's, shifted by the same bytes throughout.
+        present_at, mem_at, _, cost_at = rec.steps[start]
+        present = bytearray(present_at)
+        for t in flipped:
+            if freed_after[t] >= 0:
+                present[t] = 0 if gone[t] else 1
+        if rec.peak_above[start] >= 0:
+            peak = max(peak, rec.peak_above[start] + shift)
+        return self._backward(gone, present, mem_at + shift, peak, cost_at, start, _nothing, None, rec)
+
+
+def _nothing() -> None:
+    pass
+
+
+class ReplayRecord:
+    """One replay kept for RecomputeReplay.run_flipped: per backward step (by op index) the state
+    before it (tensors present, bytes, costs added so far and their sum) and the highest bytes
+    inside it; per forward op the bytes after its allocations; per tensor the first (highest)
+    backward step that looked at it."""
+
+    def __init__(self, gone: bytearray, ops: int) -> None:
+        self.gone = gone
+        self.fwd_mem = [0] * ops
+        self.steps: list = [None] * ops
+        self.high = [-1] * ops
+        self.costs: list[float] = []
+        self.looked_at: list[int] = []
+        self.peak = 0
+        self.cost = 0.0
+        self.peak_above: list[int] = []
+        self.peak_from: list[int] = []
+
+    def finish(self) -> None:
+        # peak_above[i]: the highest bytes at steps before step i (op indices above i); peak_from[i]:
+        # at step i and after (-1: none).
+        ops = len(self.high)
+        self.peak_above = [-1] * ops
+        self.peak_from = [-1] * ops
+        best = -1
+        for i in range(ops - 1, -1, -1):
+            self.peak_above[i] = best
+            best = max(best, self.high[i])
+        best = -1
+        for i in range(ops):
+            best = max(best, self.high[i])
+            self.peak_from[i] = best
 
 
 def op_costs(workload, objective: str) -> list[float]:
@@ -184,12 +332,28 @@ class _Descent:
         self.items = op_items(facts, facts.candidates)
         self.item_of = {n: k for k, it in enumerate(self.items) for n in it}
         self.replay = RecomputeReplay(facts, objective)
+        number = self.replay.number
+        self.item_tensors = [[number[n] for n in it] for it in self.items]
+        self.record: ReplayRecord | None = None
+        self.recorded: set[int] = set()
         self.left = DESCENT_OP_EVALUATIONS // max(1, len(facts.workload.ops))
         self.lowest_peak: int | None = None
 
     def run(self, chosen: set[int], at_peak: list | None = None) -> tuple[int, float]:
+        """The replay of recomputing the items ``chosen``: from the last record when it is at most
+        MAX_FLIPPED_ITEMS items away, else (and whenever ``at_peak`` is wanted) recorded anew."""
         self.left -= 1
-        got = self.replay.run((n for k in chosen for n in self.items[k]), at_peak)
+        flipped = self.recorded.symmetric_difference(chosen)
+        if self.record is not None and at_peak is None and len(flipped) <= MAX_FLIPPED_ITEMS:
+            got = self.replay.run_flipped(self.record, [t for k in flipped for t in self.item_tensors[k]])
+        else:
+            gone = bytearray(len(self.replay.size))
+            for k in chosen:
+                for t in self.item_tensors[k]:
+                    gone[t] = 1
+            self.record = self.replay.record(gone, at_peak)
+            self.recorded = set(chosen)
+            got = self.record.peak, self.record.cost
         if self.lowest_peak is None or got[0] < self.lowest_peak:
             self.lowest_peak = got[0]
         return got

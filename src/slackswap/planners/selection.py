@@ -54,7 +54,30 @@ def cheapest_per_byte(facts: Facts, names: Iterable[str], need_bytes: int) -> li
     return chosen
 
 
+_KNAPSACK_MEMO: dict[int, tuple[Facts, dict]] = {}
+_KNAPSACK_MEMO_ENTRIES = 512  # answers kept per workload: a planning call asks for a few dozen
+
+
 def knapsack_min_time(facts: Facts, names: Sequence[str], need_bytes: int) -> list[str] | None:
+    """``knapsack_min_time_of`` (below), remembered per workload: one `slackswap` call asks the
+    same question many times (its families' sizings repeat needs, and the heuristics it takes as
+    starts size the same recompute-only family), and the answer depends only on the arguments."""
+    held = _KNAPSACK_MEMO.get(id(facts))
+    if held is None or held[0] is not facts:
+        if len(_KNAPSACK_MEMO) > 16:
+            _KNAPSACK_MEMO.clear()
+        held = _KNAPSACK_MEMO[id(facts)] = (facts, {})
+    memo = held[1]
+    key = (tuple(names), need_bytes)
+    if key not in memo:
+        if len(memo) >= _KNAPSACK_MEMO_ENTRIES:
+            memo.clear()
+        memo[key] = knapsack_min_time_of(facts, names, need_bytes)
+    found = memo[key]
+    return None if found is None else list(found)
+
+
+def knapsack_min_time_of(facts: Facts, names: Sequence[str], need_bytes: int) -> list[str] | None:
     """Least total rebuild time whose tensors sum to at least ``need_bytes`` (None if all of them do not).
 
     A 0-1 knapsack by dynamic programming over ``_BUCKETS`` byte units of ``need``, with
