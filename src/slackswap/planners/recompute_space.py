@@ -32,6 +32,7 @@ from typing import Iterable
 
 from .common import Facts
 from .selection import op_items
+from .staircase import lower_envelope, shifted, value_at
 
 OBJECTIVES = ("time", "flops")
 
@@ -527,13 +528,10 @@ def recompute_lower_bound_s(facts: Facts, budget_bytes: int) -> float:
         return math.inf
     unit = max(1, need // 2000)
     cap = -(-need // unit)
-    best = [math.inf] * (cap + 1)  # least time to free at least b units
-    best[0] = 0.0
+    # The least time to free at least b units, as a staircase over b (staircase.py: the per-unit
+    # table's additions and comparisons, over its runs).
+    best = ([0, 1], [0.0, math.inf])
     for it, nbytes in zip(items, sizes):
         cost = w.ops[w.op_index[w.tensor_by_name[it[0]].producer]].fwd_time_s
-        units = -(-nbytes // unit)
-        for b in range(cap, 0, -1):
-            prev = best[max(0, b - units)] + cost
-            if prev < best[b]:
-                best[b] = prev
-    return best[cap]
+        best = lower_envelope(best, shifted(best, -(-nbytes // unit), cost, cap))
+    return value_at(best, cap)

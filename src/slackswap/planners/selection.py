@@ -54,24 +54,32 @@ def cheapest_per_byte(facts: Facts, names: Iterable[str], need_bytes: int) -> li
     return chosen
 
 
-_KNAPSACK_MEMO: dict[int, tuple[Facts, dict]] = {}
-_KNAPSACK_MEMO_ENTRIES = 512  # answers kept per workload: a planning call asks for a few dozen
+_MEMOS: dict[int, tuple[Facts, dict]] = {}
+_MEMO_ENTRIES = 512  # answers kept per workload and kind: a planning call asks for a few dozen
+
+
+def workload_memo(facts: Facts, kind: str) -> dict:
+    """A dict of remembered answers of one ``kind`` for the workload of ``facts``, kept while it is
+    (and for at most 16 workloads, like common.facts_for); emptied when it reaches _MEMO_ENTRIES.
+    For answers that depend only on the workload and the key they are stored under."""
+    held = _MEMOS.get(id(facts))
+    if held is None or held[0] is not facts:
+        if len(_MEMOS) > 16:
+            _MEMOS.clear()
+        held = _MEMOS[id(facts)] = (facts, {})
+    memo = held[1].setdefault(kind, {})
+    if len(memo) >= _MEMO_ENTRIES:
+        memo.clear()
+    return memo
 
 
 def knapsack_min_time(facts: Facts, names: Sequence[str], need_bytes: int) -> list[str] | None:
     """``knapsack_min_time_of`` (below), remembered per workload: one `slackswap` call asks the
     same question many times (its families' sizings repeat needs, and the heuristics it takes as
     starts size the same recompute-only family), and the answer depends only on the arguments."""
-    held = _KNAPSACK_MEMO.get(id(facts))
-    if held is None or held[0] is not facts:
-        if len(_KNAPSACK_MEMO) > 16:
-            _KNAPSACK_MEMO.clear()
-        held = _KNAPSACK_MEMO[id(facts)] = (facts, {})
-    memo = held[1]
+    memo = workload_memo(facts, "knapsack")
     key = (tuple(names), need_bytes)
     if key not in memo:
-        if len(memo) >= _KNAPSACK_MEMO_ENTRIES:
-            memo.clear()
         memo[key] = knapsack_min_time_of(facts, names, need_bytes)
     found = memo[key]
     return None if found is None else list(found)
