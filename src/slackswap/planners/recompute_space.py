@@ -160,9 +160,9 @@ class RecomputeReplay:
 
     def _backward(self, gone: bytearray, present: bytearray, mem: int, peak: int, recompute_cost: float,
                   top: int, snapshot, rec: "ReplayRecord | None",
-                  base: "ReplayRecord | None") -> tuple[int, float]:
+                  base: "ReplayRecord | None", limit: int | None = None) -> tuple[int, float]:
         """Backward steps ``top`` down to 0 from the given state. ``rec``: filled in as it runs.
-        ``base``: the record to rejoin, for run_flipped."""
+        ``base``: the record to rejoin, and ``limit`` a peak to stop over, for run_flipped."""
         size = self.size
         producer, inputs, outputs = self.producer, self.inputs, self.outputs
         last_reader = self.last_reader
@@ -221,6 +221,8 @@ class RecomputeReplay:
                     if mem > peak:
                         peak = mem
                         snapshot()
+                if limit is not None and peak > limit:
+                    return peak, math.inf
                 for t in made:
                     if not (gone[t] and last_reader[t] <= op_i):
                         present[t] = 0
@@ -233,9 +235,10 @@ class RecomputeReplay:
                     mem -= size[t]
         return peak, recompute_cost
 
-    def run_flipped(self, rec: "ReplayRecord", flipped: Iterable[int]) -> tuple[int, float]:
+    def run_flipped(self, rec: "ReplayRecord", flipped: Iterable[int], limit: int | None = None) -> tuple[int, float]:
         """``run`` of the plan that differs from ``rec``'s in the tensors numbered ``flipped``
-        (recomputed there if kept in the record, kept if recomputed), from the record."""
+        (recomputed there if kept in the record, kept if recomputed), from the record. With
+        ``limit``, it may stop as soon as the peak is over it: (a peak over it, math.inf)."""
         size, freed_after = self.size, self.fwd_freed_after
         gone = bytearray(rec.gone)
         start = -1  # the first backward step that looks at a flipped tensor
@@ -266,7 +269,9 @@ class RecomputeReplay:
                 present[t] = 0 if gone[t] else 1
         if rec.peak_above[start] >= 0:
             peak = max(peak, rec.peak_above[start] + shift)
-        return self._backward(gone, present, mem_at + shift, peak, cost_at, start, _nothing, None, rec)
+        if limit is not None and peak > limit:
+            return peak, math.inf
+        return self._backward(gone, present, mem_at + shift, peak, cost_at, start, _nothing, None, rec, limit)
 
 
 def _nothing() -> None:
@@ -340,13 +345,17 @@ class _Descent:
         self.left = DESCENT_OP_EVALUATIONS // max(1, len(facts.workload.ops))
         self.lowest_peak: int | None = None
 
-    def run(self, chosen: set[int], at_peak: list | None = None) -> tuple[int, float]:
+    def run(self, chosen: set[int], at_peak: list | None = None, *, within: bool = False) -> tuple[int, float]:
         """The replay of recomputing the items ``chosen``: from the last record when it is at most
-        MAX_FLIPPED_ITEMS items away, else (and whenever ``at_peak`` is wanted) recorded anew."""
+        MAX_FLIPPED_ITEMS items away, else (and whenever ``at_peak`` is wanted) recorded anew.
+        ``within``: the caller wants the plan only if it peaks within the budget, so a replay from
+        the record may stop once it is over (the cost is then math.inf); the lowest peak is not
+        missed, since a plan within the budget was run before every such question (polish)."""
         self.left -= 1
         flipped = self.recorded.symmetric_difference(chosen)
         if self.record is not None and at_peak is None and len(flipped) <= MAX_FLIPPED_ITEMS:
-            got = self.replay.run_flipped(self.record, [t for k in flipped for t in self.item_tensors[k]])
+            got = self.replay.run_flipped(self.record, [t for k in flipped for t in self.item_tensors[k]],
+                                          self.budget if within else None)
         else:
             gone = bytearray(len(self.replay.size))
             for k in chosen:
@@ -460,7 +469,7 @@ class _Descent:
             for _, k in sorted(saving):
                 if self.left <= 0:
                     break
-                got = self.run(recomputed - {k})
+                got = self.run(recomputed - {k}, within=True)
                 if got[0] <= self.budget and got[1] < current[1]:
                     current = got
                     recomputed = recomputed - {k}
@@ -476,7 +485,7 @@ class _Descent:
                 for time_kept, j in sorted(blocked):
                     if current[1] - time_kept <= cost or self.left <= 0:
                         break  # this keep, and every later one, saves less than recomputing k costs
-                    got = self.run((recomputed | {k}) - {j})
+                    got = self.run((recomputed | {k}) - {j}, within=True)
                     if got[0] <= self.budget and got[1] < current[1]:
                         current = got
                         recomputed = (recomputed | {k}) - {j}
