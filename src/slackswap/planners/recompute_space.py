@@ -165,11 +165,13 @@ class RecomputeReplay:
         ``base``: the record to rejoin, and ``limit`` a peak to stop over, for run_flipped."""
         size = self.size
         producer, inputs, outputs = self.producer, self.inputs, self.outputs
-        last_reader = self.last_reader
+        last_reader, bwd_reads, bwd_frees = self.last_reader, self.bwd_reads, self.bwd_frees
+        op_cost, saved_outputs = self.op_cost, self.saved_outputs
         looked_at = rec.looked_at if rec is not None else None
+        base_steps = base.steps if base is not None else None
         for op_i in range(top, -1, -1):
-            if base is not None:
-                snap = base.steps[op_i]
+            if base_steps is not None:
+                snap = base_steps[op_i]
                 if present == snap[0]:
                     # The device holds what the record's did here (so the same bytes): the rest is
                     # the record's.
@@ -181,7 +183,7 @@ class RecomputeReplay:
             if rec is not None:
                 rec.steps[op_i] = (bytes(present), mem, len(rec.costs), recompute_cost)
                 high = -1
-            missing = [t for t in self.bwd_reads[op_i] if not present[t]]
+            missing = [t for t in bwd_reads[op_i] if not present[t]]
             if missing:
                 in_group: set[int] = set()
                 temps: set[int] = set()
@@ -205,13 +207,13 @@ class RecomputeReplay:
                             temps.update(outputs[op])
                 made: list[int] = []
                 for op in sorted(in_group):
-                    recompute_cost += self.op_cost[op]
+                    recompute_cost += op_cost[op]
                     if rec is not None:
-                        rec.costs.append(self.op_cost[op])
+                        rec.costs.append(op_cost[op])
                         for t in self.looked_at_by_group[op]:
                             if looked_at[t] < op_i:
                                 looked_at[t] = op_i
-                    for t in self.saved_outputs[op]:
+                    for t in saved_outputs[op]:
                         if not present[t]:
                             present[t] = 1
                             mem += size[t]
@@ -229,7 +231,7 @@ class RecomputeReplay:
                         mem -= size[t]
             if rec is not None:
                 rec.high[op_i] = high
-            for t in self.bwd_frees[op_i]:
+            for t in bwd_frees[op_i]:
                 if present[t]:
                     present[t] = 0
                     mem -= size[t]
