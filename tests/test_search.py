@@ -113,3 +113,76 @@ def test_value_orders_share_their_strict_pass():
         strict = windowed_swaps(facts, hw, value)
         assert windowed_swaps(facts, hw, value, spill=True, strict=strict) == windowed_swaps(facts, hw, value, spill=True)
         assert windowed_swaps(facts, hw, value, strict=strict) == strict
+
+
+def test_step_floor_is_every_compute_task_by_hand():
+    # chain(4): forward 1 s per op, backward 2 s: 12 s with nothing rebuilt. Recomputing a1 re-runs
+    # op1 (1 s) before op2's backward: 13 s, and with nothing to wait for the step takes exactly that.
+    w = chain(4)
+    search = Search(w, link(), 10**6, "test")
+    assert search.step_floor_s(search.plan({})) == 12.0
+    plan = search.plan({"a1": R})
+    assert search.step_floor_s(plan) == 13.0
+    assert simulate(w, link(), plan, math.inf, check=False).step_time_s == 13.0
+    # Backward waits for a copy back (0.5 s backward ops; a1's copy back takes 2 s and starts when
+    # forward ends, 0.5 s before op2's backward needs it): 1.5 s of stall over the 6 s floor.
+    quick = chain(4, bwd_time_s=0.5)
+    slow = Search(quick, link(rate=50.0), 10**6, "test")
+    swapped = slow.plan({"a1": S})
+    assert slow.step_floor_s(swapped) == 6.0
+    assert simulate(quick, link(rate=50.0), swapped, math.inf, check=False).step_time_s == 7.5
+
+
+def test_a_plan_over_the_cutoff_is_answered_without_the_simulator(monkeypatch):
+    w = chain(4)
+    limits = counted(monkeypatch)
+    search = Search(w, link(), 10**6, "test")
+    plan = search.plan({"a1": R})  # floor 13 s
+    assert not search.evaluate(plan, cutoff_s=12.5).fits
+    assert limits == [] and search.pruned_simulations == 1
+    # at or over its floor it is simulated as usual
+    assert search.evaluate(plan, cutoff_s=13.0).step_time_s == 13.0
+    assert limits == [math.inf] and search.pruned_simulations == 1
+
+
+def test_plans_are_built_once_per_actions():
+    w = chain(4)
+    search = Search(w, link(), 10**6, "test")
+    plan = search.plan({"a1": R})
+    assert search.plan({"a1": R, "a0": K}) is plan  # the same actions, the kept tensor named
+    assert search.plan({"a1": S}) is not plan
+    assert plan == common.build(w, link(), {"a1": R}, "test", 10**6)
+    # a plan with info (the caller's own) is built anew
+    assert search.plan({"a1": R}, info={"rule": "x"}).info == {"rule": "x"}
+
+
+@pytest.mark.parametrize("name, fraction", [("example-bert", 0.5), ("hf-gpt2", 0.7), ("hf-vit", 0.5)])
+def test_the_cutoff_changes_no_plan(monkeypatch, name, fraction):
+    # Cases where `slackswap` answers some evaluation from the step time floor: the plan (info
+    # and its simulation count included) is the one the search makes simulating everything.
+    from pathlib import Path
+
+    from slackswap.hardware import PRESETS
+    from slackswap.planners import search as search_module
+    from slackswap.planners import slackswap as slackswap_module
+    from slackswap.sim import simulate_ideal
+    from slackswap.workload import Workload
+
+    made: list[Search] = []
+
+    class Recorded(Search):
+        def __post_init__(self) -> None:
+            super().__post_init__()
+            made.append(self)
+
+    monkeypatch.setattr(slackswap_module, "Search", Recorded)
+    w = Workload.load(Path(__file__).resolve().parent / "profiled" / f"{name}.json")
+    hw = PRESETS["a100-80gb-pcie4"]
+    budget = int(fraction * simulate_ideal(w, hw).peak_memory_bytes)
+    with_cutoff = slackswap_module.plan_slackswap(w, hw, budget)
+    assert sum(s.pruned_simulations for s in made) > 0
+    made.clear()
+    monkeypatch.setattr(search_module, "STEP_FLOOR_MARGIN", math.inf)  # no floor is over the cutoff
+    simulated = slackswap_module.plan_slackswap(w, hw, budget)
+    assert sum(s.pruned_simulations for s in made) == 0
+    assert with_cutoff.to_dict(w) == simulated.to_dict(w)

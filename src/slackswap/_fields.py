@@ -82,6 +82,8 @@ def read_json_file(path: str | os.PathLike, what: str) -> Any:
 
 def is_text(value: Any) -> bool:
     """A non-empty string that can be written out as UTF-8 (JSON allows lone surrogates such as "\\ud800")."""
+    if type(value) is str and value and value.isascii():
+        return True  # the common case, without encoding it (plans check every tensor name)
     if not isinstance(value, str) or not value:
         return False
     try:
@@ -100,6 +102,8 @@ def check_text(value: Any, where: str) -> str:
 
 def check_int(value: Any, where: str, *, minimum: int = 0) -> int:
     """``value`` if it is an int (not a bool) between ``minimum`` and 2**53, else a ValidationError."""
+    if type(value) is int and minimum <= value <= MAX_INT:
+        return value
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValidationError(f"{where} must be an integer, got {show(value)}")
     if value < minimum:

@@ -86,15 +86,15 @@ def derive_recompute_groups(
             region_of[op_name] = region_of.get(op_name, ()) + tuple(region)
     groups: dict[str, tuple[str, ...]] = {}
     bwd_reads = workload.bwd_reads
+    last_read_of = workload.last_bwd_read_of
     for k in range(n):
         op_i = op_of_backward_step(n, k)
         bwd_op = ops[op_i]
         if k in arrivals:
             resident.update(arrivals[k])
-        if all(name in resident for name in bwd_reads[bwd_op.name]):
+        if resident.issuperset(bwd_reads[bwd_op.name]):
             # Nothing to rebuild before this step (most steps): only the reads it ends.
-            for name in workload.last_bwd_read_of[op_i]:
-                resident.discard(name)
+            resident.difference_update(last_read_of[op_i])
             continue
         group: list[str] = []
         in_group: set[str] = set()

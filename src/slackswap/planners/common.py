@@ -43,6 +43,11 @@ class Facts:
         return tuple(t.name for t in self.workload.saved_tensors if t.producer is not None)
 
     @cached_property
+    def saved_names(self) -> tuple[str, ...]:
+        """Every saved tensor, step inputs included, in the workload's order (a plan's actions)."""
+        return tuple(t.name for t in self.workload.saved_tensors)
+
+    @cached_property
     def production_order(self) -> dict[str, int]:
         return {name: i for i, name in enumerate(self.candidates)}
 

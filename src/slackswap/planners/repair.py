@@ -154,7 +154,9 @@ def repair(search: Search, start: Candidate, *, max_simulations: int = MAX_SIMUL
                 break
             actions = dict(current.plan.actions)
             actions.update({n: action for n in names})
-            cand = search.try_actions(actions)
+            # A proposal whose step cannot be as fast as the current one cannot rank better: it is
+            # counted as tried but not simulated (Search.evaluate's cutoff).
+            cand = search.try_actions(actions, cutoff_s=current.step_time_s)
             result.simulations += 1
             if cand.fits and rank(cand) < rank(current):
                 winner, winner_why = cand, f"{why}: {', '.join(names)}"
@@ -198,7 +200,7 @@ def _polish(search: Search, current: Candidate, allow_swaps: bool):
         tried.add(key)
         if search.wide_left <= 0:
             return None, ""
-        cand = search.try_actions(changed)
+        cand = search.try_actions(changed, cutoff_s=current.step_time_s)
         search.wide_left -= 1
         if cand.fits and rank(cand) < rank(current):
             moves = ", ".join(f"{n} -> {a.value}" for n, a in change.items())

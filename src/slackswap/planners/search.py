@@ -9,8 +9,12 @@ share) makes one ``Search`` per call and hands it to every step: ``selection.fit
 - the memo: a plan already simulated under the same limit is not simulated again (one dict
   per call, so one workload and one link), and a plan whose memory floor (a lower bound on
   its peak whatever the schedule, Facts.peak_floor_bytes) is over the budget is not simulated
-  at all: it cannot fit. Evaluations answered either way still count as tried, so the caps of
-  the search steps, and so the plans, do not depend on them;
+  at all: it cannot fit. A caller that keeps a plan only when it runs in at most some time
+  (``cutoff_s``: a repair keeps only a plan at least as fast as the current one) gets a plan
+  whose step time floor (every compute task's duration, Search.step_floor_s) is over it back
+  unsimulated. Evaluations answered either way still count as tried, so the caps of the search
+  steps, and so the plans, do not depend on them; plans built from the same actions are built
+  once;
 - the counters that `slackswap` reports in its plan's info: simulations asked for by the
   targeted steps (sizing is not counted, as before the search object), the wide search's
   allowance and what is left of it, and the exact search's simulations.
@@ -29,6 +33,12 @@ from ..workload import Workload
 from .common import Candidate, Facts, build, evaluate, facts_for
 
 
+# Relative slack on the step time floor: the simulator's clock adds task durations one at a time
+# and the floor sums them with fsum, so the two can differ in the last bits (a few hundred
+# roundings of 1e-16 each); a floor over the cutoff by more than this cannot be float noise.
+STEP_FLOOR_MARGIN = 1e-9
+
+
 @dataclass(eq=False)
 class Search:
     workload: Workload
@@ -37,6 +47,8 @@ class Search:
     policy: str
     facts: Facts = field(init=False, repr=False)
     memo: dict = field(default_factory=dict, repr=False)
+    plans: dict = field(default_factory=dict, repr=False)
+    """Plans built in this call, by their actions and prefetch steps (``plan``)."""
     targeted_simulations: int = 0
     """Simulations of repair proposals and of the exact search's leaves (plan info ``simulations``)."""
     wide_allowance: int = 0
@@ -45,6 +57,8 @@ class Search:
     """What is left of ``wide_allowance``; repairs and enumerations draw on it."""
     skipped_simulations: int = 0
     """Evaluations answered without the simulator: the plan's memory floor is over the budget."""
+    pruned_simulations: int = 0
+    """Evaluations answered without the simulator: the plan's step time floor is over the cutoff."""
     least_peak_bytes: int | None = None
     """The lowest unlimited peak of any plan simulated so far: the smallest budget they reach."""
 
@@ -53,14 +67,30 @@ class Search:
 
     def plan(self, actions: Mapping[str, Action], *, prefetch_step: Mapping[str, int] | None = None,
              info: Mapping[str, Any] | None = None) -> Plan:
-        """``actions`` completed into a plan for this budget (prefetch as late as the link allows)."""
-        return build(self.workload, self.hardware, actions, self.policy, self.budget_bytes,
-                     prefetch_step=prefetch_step, info=info)
+        """``actions`` completed into a plan for this budget (prefetch as late as the link allows).
+        Without ``info`` the plan is memoized: the same actions and prefetch steps build the same
+        plan (make_plan is a pure function of them), and sizing loops and repairs ask again."""
+        if info is not None:
+            return build(self.workload, self.hardware, actions, self.policy, self.budget_bytes,
+                         prefetch_step=prefetch_step, info=info)
+        get, keep = actions.get, Action.KEEP
+        key = (tuple([get(name, keep) for name in self.facts.saved_names]),
+               None if prefetch_step is None else tuple(sorted(prefetch_step.items())))
+        plan = self.plans.get(key)
+        if plan is None:
+            plan = self.plans[key] = build(self.workload, self.hardware, actions, self.policy, self.budget_bytes,
+                                           prefetch_step=prefetch_step)
+        return plan
 
-    def evaluate(self, plan: Plan, *, unlimited: bool = False) -> Candidate:
+    def evaluate(self, plan: Plan, *, unlimited: bool = False, cutoff_s: float | None = None) -> Candidate:
         """``plan`` simulated under the budget (or with no memory limit), memoized. Under the
         budget, a plan whose memory floor (Facts.peak_floor_bytes) is over it is not simulated:
-        the simulator would find it infeasible."""
+        the simulator would find it infeasible. With ``cutoff_s`` (the caller keeps the plan only
+        if it runs in at most that time), a plan whose step time floor (``step_floor_s``) is over
+        it is not simulated either and comes back as not fitting."""
+        if cutoff_s is not None and self.step_floor_s(plan) > cutoff_s * (1 + STEP_FLOOR_MARGIN):
+            self.pruned_simulations += 1
+            return Candidate(plan, None)
         if not unlimited and self._over_floor(plan.actions):
             self.skipped_simulations += 1
             return Candidate(plan, None)
@@ -78,19 +108,29 @@ class Search:
             return self._note_peak(evaluate(self.workload, self.hardware, plan, math.inf, self.memo))
         return evaluate(self.workload, self.hardware, plan, self.budget_bytes, self.memo)
 
+    def step_floor_s(self, plan: Plan) -> float:
+        """A lower bound on ``plan``'s simulated step time, whatever waits: the compute stream runs
+        every forward, recompute and backward task one after another, so the step takes at least
+        their durations (the ideal step plus the forward time of every recompute group's ops)."""
+        ops, index = self.workload.ops, self.workload.op_index
+        return self.workload.ideal_step_time_s + math.fsum(
+            ops[index[name]].fwd_time_s for group in plan.recompute_groups.values() for name in group)
+
     def _note_peak(self, free: Candidate) -> Candidate:
         peak = free.timeline.peak_memory_bytes
         if self.least_peak_bytes is None or peak < self.least_peak_bytes:
             self.least_peak_bytes = peak
         return free
 
-    def try_actions(self, actions: Mapping[str, Action], *, unlimited: bool = False) -> Candidate:
-        """``actions`` (unnamed tensors kept) as a plan, evaluated; under the budget, when their
-        memory floor is over it, neither planned nor simulated (the candidate's plan is None)."""
+    def try_actions(self, actions: Mapping[str, Action], *, unlimited: bool = False,
+                    cutoff_s: float | None = None) -> Candidate:
+        """``actions`` (unnamed tensors kept) as a plan, evaluated (``cutoff_s`` as in ``evaluate``);
+        under the budget, when their memory floor is over it, neither planned nor simulated (the
+        candidate's plan is None)."""
         if not unlimited and self._over_floor(actions):
             self.skipped_simulations += 1
             return Candidate(None, None)
-        return self.evaluate(self.plan(actions), unlimited=unlimited)
+        return self.evaluate(self.plan(actions), unlimited=unlimited, cutoff_s=cutoff_s)
 
     def _over_floor(self, actions: Mapping[str, Action]) -> bool:
         kept = [n for n in self.facts.candidates if actions.get(n, Action.KEEP) is Action.KEEP]

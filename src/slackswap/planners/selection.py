@@ -200,7 +200,8 @@ def fit_need(
             clears = peak <= budget_bytes
             # A plan whose unlimited peak is within the budget never waits for memory, so its
             # unlimited run is also its run under the budget: no second simulation needed.
-            cand = free if clears else search.evaluate(plan) if allow_memory_stalls else None
+            cutoff = None if best is None else best.step_time_s  # only a faster plan is kept
+            cand = free if clears else search.evaluate(plan, cutoff_s=cutoff) if allow_memory_stalls else None
             if cand is not None and cand.fits and (best is None or cand.step_time_s < best.step_time_s):
                 best = cand
         seen[need] = clears

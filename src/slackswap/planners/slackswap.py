@@ -376,7 +376,7 @@ def paper_plan_if_faster(search: Search, best: Candidate) -> RepairResult | None
         theirs = plan_slackswap_paper(search.workload, search.hardware, search.budget_bytes)
     except BudgetError:
         return None
-    cand = search.evaluate(search.plan(theirs.actions, prefetch_step=theirs.prefetch_step))
+    cand = search.evaluate(search.plan(theirs.actions, prefetch_step=theirs.prefetch_step), cutoff_s=best.step_time_s)
     if not cand.fits or rank(cand) >= rank(best):
         return None
     found = repair(search, cand)

@@ -20,6 +20,9 @@ from ..units import format_bytes
 from ..workload import Workload
 
 _FORWARD, _RECOMPUTE, _BACKWARD = "forward", "recompute", "backward"
+# Event kinds on the heap: a compute task's end, or the end of the copy in flight one way (the
+# direction itself, "d2h" or "h2d").
+_COMPUTE_END = "compute_end"
 
 
 @dataclass(slots=True)
@@ -172,7 +175,7 @@ class _Simulation:
     def _schedule_end(self, copy: _Copy, direction: str) -> None:
         copy.generation += 1
         end_s = max(self.now, copy.transfer_start_s) + copy.remaining / copy.rate
-        self._push(end_s, direction + "_end", (copy, copy.generation))
+        self._push(end_s, direction, (copy, copy.generation))
 
     def _rerate(self, direction: str) -> None:
         """The other direction started or stopped: re-time the copy in flight this way."""
@@ -290,13 +293,6 @@ class _Simulation:
         return self.tasks[self.ci].step if self.ci < len(self.tasks) else self.n
 
     # ---- compute stream -----------------------------------------------------------------
-    def _backward_inputs_pending(self, task: _Task) -> bool:
-        """A backward op waits until every swapped tensor it reads is back on the device."""
-        for name in self.swapped_bwd_reads[task.op_index]:
-            if name not in self.h2d_done:
-                return True
-        return False
-
     def _allocation(self, task: _Task) -> list[str]:
         if task.kind == _BACKWARD:
             return []
@@ -308,24 +304,35 @@ class _Simulation:
             return False
         task = self.tasks[self.ci]
         kind = task.kind
+        op_index = task.op_index
         now = self.now
         ready = self.data_ready_at
         if ready is None:
-            if kind == _RECOMPUTE and self._swap_inputs_pending(task):
-                return False
-            if kind == _BACKWARD and self._backward_inputs_pending(task):
-                return False
+            done = self.h2d_done
+            if kind == _RECOMPUTE:
+                # A recompute op waits for inputs whose copy back has been issued for this step or earlier.
+                prefetch = self.plan.prefetch_step
+                for name in self.swapped_inputs[op_index]:
+                    if prefetch[name] <= task.step and name not in done:
+                        return False
+            elif kind == _BACKWARD:
+                # A backward op waits until every swapped tensor it reads is back on the device.
+                for name in self.swapped_bwd_reads[op_index]:
+                    if name not in done:
+                        return False
             ready = self.data_ready_at = now
+        alloc_bytes = 0
         if kind == _BACKWARD:
-            alloc, alloc_bytes = [], 0
+            alloc = None
         else:
             present, size = self.present, self.size
-            alloc = [o for o in self.saved_outputs[task.op_index] if o not in present]
-            alloc_bytes = sum(size[a] for a in alloc) if alloc else 0
+            alloc = [o for o in self.saved_outputs[op_index] if o not in present]
+            for name in alloc:
+                alloc_bytes += size[name]
         if self.mem + alloc_bytes > self.budget:
             return False
         # start the task
-        op = self.w.ops[task.op_index]
+        op = self.w.ops[op_index]
         if ready > self.idle_since:
             self.stall_copy += ready - self.idle_since
             self.events.append(("compute", "stall_copy", op.name, self.idle_since, ready, 0, task.step))
@@ -336,18 +343,13 @@ class _Simulation:
             self._alloc(alloc)
             if kind == _RECOMPUTE:
                 self.group_allocs.extend(alloc)
-        duration = op.bwd_time_s if kind == _BACKWARD else op.fwd_time_s
+            duration = op.fwd_time_s
+        else:
+            duration = op.bwd_time_s if kind == _BACKWARD else op.fwd_time_s
         self.compute_busy = True
-        heapq.heappush(self.heap, (now + duration, self.seq, "compute_end", (task, now, alloc_bytes)))
+        heapq.heappush(self.heap, (now + duration, self.seq, _COMPUTE_END, (task, now, alloc_bytes)))
         self.seq += 1
         return True
-
-    def _swap_inputs_pending(self, task: _Task) -> bool:
-        """A recompute op waits for inputs whose copy back has been issued for this step or earlier."""
-        for name in self.swapped_inputs[task.op_index]:
-            if self.plan.prefetch_step[name] <= task.step and name not in self.h2d_done:
-                return True
-        return False
 
     def _end_compute(self, task: _Task, start_s: float, alloc_bytes: int) -> None:
         op = self.w.ops[task.op_index]
@@ -389,13 +391,18 @@ class _Simulation:
     # ---- main loop ----------------------------------------------------------------------
     def _dispatch(self) -> None:
         # Each stream is tried only when it is free and has work left (the tries' own first
-        # checks, taken here to save most calls: dispatching runs at every instant).
-        progress = True
-        while progress:
-            progress = not self.compute_busy and self.ci < self.n_tasks and self._try_compute()
-            progress = (self.d2h is None and self.d2h_head < len(self.d2h_queue) and self._try_d2h()) or progress
-            progress = (self.h2d is None and self.h2d_head < len(self.h2d_order)
-                        and self.h2d_gate <= self.triggered_step and self._try_h2d()) or progress
+        # checks, taken here to save most calls: dispatching runs at every instant). Starting a
+        # compute task or a copy out enables nothing on the streams tried after it in the same
+        # pass, and neither stream's try changes while the other two fail: only a copy back
+        # issued (or skipped, which can make the compute stream's inputs ready) needs another pass.
+        while True:
+            if not self.compute_busy and self.ci < self.n_tasks:
+                self._try_compute()
+            if self.d2h is None and self.d2h_head < len(self.d2h_queue):
+                self._try_d2h()
+            if not (self.h2d is None and self.h2d_head < len(self.h2d_order)
+                    and self.h2d_gate <= self.triggered_step and self._try_h2d()):
+                return
 
     def run(self) -> None:
         self._alloc(list(self.step_inputs))
@@ -406,15 +413,30 @@ class _Simulation:
                 f"with {format_bytes(budget)} ({budget} bytes) allowed; raise the budget",
                 needed_bytes=need, budget_bytes=budget,
             )
+        if not self.h2d_order and Action.SWAP not in self.actions.values():
+            self._run_copy_free()
+            return
         self._dispatch()
         heap = self.heap
         while heap:
             top = heap[0]
-            if top[2] != "compute_end" and top[3][1] != top[3][0].generation:
+            if top[2] is not _COMPUTE_END and top[3][1] != top[3][0].generation:
                 heapq.heappop(heap)  # a copy end re-timed by a change of the other direction
                 continue
             self._next_instant()
         if self.ci < len(self.tasks):
+            self._raise_infeasible()
+
+    def _run_copy_free(self) -> None:
+        """``run`` for a plan that copies nothing: the compute stream alone, one task after the
+        other, each started at the instant the one before ends (no copy can free memory or end in
+        between, so the event loop would find nothing else to do); it stops, as that loop does,
+        at the first task that does not fit the budget."""
+        heap = self.heap
+        while self._try_compute():
+            self.now, _, _, payload = heap.pop()  # the task's end, the only event
+            self._end_compute(*payload)
+        if self.ci < self.n_tasks:
             self._raise_infeasible()
 
     def _next_instant(self) -> None:
@@ -422,27 +444,28 @@ class _Simulation:
         freed at time t is available to work that starts at time t."""
         heap = self.heap
         now = self.now = heap[0][0]
+        pop = heapq.heappop
         while heap:
             top = heap[0]
             kind, payload = top[2], top[3]
-            if kind == "compute_end":
+            if kind is _COMPUTE_END:
                 if top[0] != now:
                     break
-                heapq.heappop(heap)
+                pop(heap)
                 self._end_compute(*payload)
             elif payload[1] != payload[0].generation:
-                heapq.heappop(heap)  # a copy end re-timed since
+                pop(heap)  # a copy end re-timed since
             elif top[0] != now:
                 break
             else:
-                heapq.heappop(heap)
-                self._end_copy(kind[:3], payload[0])
+                pop(heap)
+                self._end_copy(kind, payload[0])
         self._dispatch()
 
     def _drop_stale(self) -> bool:
         """Discard copy ends re-timed by a change of the other direction; True if events remain."""
         heap = self.heap
-        while heap and heap[0][2] != "compute_end" and heap[0][3][1] != heap[0][3][0].generation:
+        while heap and heap[0][2] is not _COMPUTE_END and heap[0][3][1] != heap[0][3][0].generation:
             heapq.heappop(heap)
         return bool(heap)
 
