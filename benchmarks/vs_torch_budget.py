@@ -46,8 +46,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch._dynamo
-import torch._functorch.config as functorch_config
 from torch.utils.flop_counter import FlopCounterMode
 
 import slackswap
@@ -59,11 +57,17 @@ from slackswap.planners.recompute_space import frontier_descent
 from slackswap.planners.selection import actions_for
 from slackswap.sim import simulate, simulate_ideal
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import vs_torch_compiled as compiled_path  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 HW = PRESETS["a100-80gb-pcie4"]
 BUDGETS = (0.2, 0.4, 0.6, 0.8)
 POLICIES = ("recompute-optimal", "slackswap", "least-flops")
-"""slackswap's columns: its two policies, then the fewest-FLOPs recompute-only plan of its space."""
+AT_PEAK = "recompute-optimal at torch's peak"
+"""The compiled path's fourth column: `recompute-optimal` for the peak torch's plan reaches in slackswap's model."""
+"""slackswap's columns: its two policies, then the fewest-FLOPs recompute-only plan of its space
+(on the eager path and, as "compiled <policy>", on the compiled path)."""
 
 
 def _makers():
@@ -87,31 +91,21 @@ def _excluded_storages(model, batch) -> set[int]:
     return {t.untyped_storage().data_ptr() for t in tensors}
 
 
-def torch_step(maker, budget: float) -> tuple[int, int]:
-    """(bytes held for backward, backward FLOPs) of one step compiled under ``budget``."""
+def torch_step(maker, budget: float):
+    """(bytes held for backward, backward FLOPs, per compiled graph: its activation bytes and its
+    plan's simulation or None) of one step compiled under ``budget`` (vs_torch_compiled.torch_step)."""
     model, batch, loss_fn = _fresh(maker)
-    torch._dynamo.reset()
-    with functorch_config.patch(activation_memory_budget=budget):
-        compiled = torch.compile(model, backend="aot_eager_decomp_partition")
-        torch.manual_seed(1)
-        loss_fn(compiled, batch).backward()  # compiles forward and backward
-        model.zero_grad(set_to_none=True)
-        excluded = _excluded_storages(model, batch)
-        held: dict[int, int] = {}
+    return compiled_path.torch_step(model, batch, loss_fn, budget, HW, _excluded_storages(model, batch))
 
-        def pack(t):
-            ptr = t.untyped_storage().data_ptr()
-            if ptr not in excluded:
-                held[ptr] = t.untyped_storage().nbytes()
-            return t
 
-        torch.manual_seed(1)
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            loss = loss_fn(compiled, batch)
-        with FlopCounterMode(display=False) as counter:
-            loss.backward()
-    torch._dynamo.reset()
-    return sum(held.values()), counter.get_total_flops()
+def compiled_step(maker, policy: str, budgets_bytes: list[int]):
+    """slackswap's plan of ``policy`` on the compiled path, each graph planned for its budget
+    (vs_torch_compiled.slackswap_step), less the plans."""
+    model, batch, loss_fn = _fresh(maker)
+    make = compiled_path.plan_maker(policy, budgets_bytes, HW, least_flops_plan)
+    result = compiled_path.slackswap_step(model, batch, loss_fn, make, HW, _excluded_storages(model, batch))
+    return result if isinstance(result, str) else list(result[:3])
+
 
 
 def eager_backward_flops(maker) -> int:
@@ -168,52 +162,84 @@ def main(argv=None) -> int:
     parser.add_argument("--budgets", default=",".join(str(b) for b in BUDGETS))
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "vs-torch-budget.md"))
     parser.add_argument("--rows", help="also save this run's rows (JSON) here, for --merge")
-    parser.add_argument("--merge", help="comma-separated row files of earlier runs: write their table, run nothing")
+    parser.add_argument("--merge", help="comma-separated row files of earlier runs: write their table, run nothing "
+                        "(rows of the same model and budget from runs of different --paths are joined)")
+    parser.add_argument("--paths", default="eager,compiled", help="which of slackswap's columns to run: eager, compiled")
     args = parser.parse_args(argv)
     if args.merge:
         pieces = [json.loads(Path(f).read_text()) for f in args.merge.split(",")]
-        rows = [row for piece in pieces for row in piece["rows"]]
-        Path(args.out).write_text(_table(rows, sum(piece["elapsed_s"] for piece in pieces)))
+        joined: dict[tuple[str, float], dict] = {}
+        for piece in pieces:
+            for row in piece["rows"]:
+                joined.setdefault((row["model"], row["budget"]), {}).update(row)
+        Path(args.out).write_text(_table(list(joined.values()), sum(piece["elapsed_s"] for piece in pieces)))
         print(f"wrote {args.out}")
         return 0
     budgets = [float(b) for b in args.budgets.split(",")]
+    paths = set(args.paths.split(","))
     started = time.perf_counter()
     rows = []
     for name in args.models.split(","):
         maker = makers[name]
-        model, batch, loss_fn = _fresh(maker)
-        workload = slackswap.profile(model, batch, loss_fn, hardware=HW, repeats=1)
-        full_held, full_flops = torch_step(maker, 1.0)
-        eager_flops = eager_backward_flops(maker)
-        keep_all = simulate_ideal(workload, HW).peak_memory_bytes
+        full_held, full_flops, _ = torch_step(maker, 1.0)
+        common = {"model": name, "full_held": full_held, "full_flops": full_flops}
+        if "eager" in paths:
+            model, batch, loss_fn = _fresh(maker)
+            workload = slackswap.profile(model, batch, loss_fn, hardware=HW, repeats=1)
+            common.update(eager_flops=eager_backward_flops(maker), keep_all_bytes=simulate_ideal(workload, HW).peak_memory_bytes,
+                          minimum_bytes=minimum_budget_bytes(workload))
+        if "compiled" in paths:
+            keep_held, keep_flops, _ = compiled_step(maker, "keep-all", [])
+            common.update(compiled_keep_held=keep_held, compiled_keep_flops=keep_flops)
         for budget in budgets:
-            held, flops = torch_step(maker, budget)
-            row = {"model": name, "budget": budget, "torch_held": held, "torch_flops": flops,
-                   "full_held": full_held, "full_flops": full_flops, "eager_flops": eager_flops,
-                   "keep_all_bytes": keep_all, "minimum_bytes": minimum_budget_bytes(workload)}
-            for policy in POLICIES:
-                row[policy] = slackswap_step(maker, workload, max(1, held), policy)
+            held, flops, graphs = torch_step(maker, budget)
+            row = dict(common, budget=budget, torch_held=held, torch_flops=flops)
+            if "eager" in paths:
+                for policy in POLICIES:
+                    row[policy] = slackswap_step(maker, workload, max(1, held), policy)
+            if "compiled" in paths:
+                row.update(_compiled_columns(maker, graphs))
             rows.append(row)
             print(_line(row), flush=True)
     elapsed = time.perf_counter() - started
-    Path(args.out).write_text(_table(rows, elapsed))
     if args.rows:
         Path(args.rows).write_text(json.dumps({"elapsed_s": elapsed, "rows": rows}))
+    Path(args.out).write_text(_table(rows, elapsed))
     print(f"wrote {args.out} ({elapsed:.0f} s)")
     return 0
 
 
-def _cell(result, row) -> str:
+def _compiled_columns(maker, torch_graphs) -> dict:
+    """The compiled path's columns of one row: slackswap's plans for torch's bytes held, graph by graph,
+    and `recompute-optimal` for the peak torch's plan reaches in slackswap's model where it is one of
+    the workload's plans."""
+    timelines = [timeline for _, timeline in torch_graphs]
+    shares = [max(1, share) for share, _ in torch_graphs]
+    columns = {"torch_graph_held": shares,
+               "torch_throughput": None if None in timelines else compiled_path.step_throughput_pct(timelines)}
+    for policy in POLICIES:
+        columns[f"compiled {policy}"] = compiled_step(maker, policy, shares)
+    columns[f"compiled {AT_PEAK}"] = ("torch's plan not in the space" if None in timelines else
+                                      compiled_step(maker, "recompute-optimal", [t.peak_memory_bytes for t in timelines]))
+    return columns
+
+
+def _cell(result, row, baseline_key: str = "eager_flops") -> str:
     if isinstance(result, str):
         return f"{result} | - | -"
     held, flops, throughput = result
-    extra = 100.0 * (flops - row["eager_flops"]) / row["eager_flops"] if row["eager_flops"] else math.nan
+    extra = 100.0 * (flops - row[baseline_key]) / row[baseline_key] if row[baseline_key] else math.nan
     return f"{held / 1024:.1f} KiB | {extra:+.1f} % | {throughput:.2f} %"
+
+
+def _kib(value) -> str:
+    return "-" if value is None else f"{value / 1024:.1f} KiB"
 
 
 def _line(row) -> str:
     return (f"{row['model']} {row['budget']}: torch {row['torch_held']} B, {row['torch_flops']} FLOPs; "
-            + "; ".join(f"{policy} {row[policy]}" for policy in POLICIES))
+            + "; ".join(f"{key} {value}" for key, value in row.items() if key in POLICIES or key.startswith("compiled ")
+                        or key == "torch_throughput"))
 
 
 def _table(rows, elapsed_s: float) -> str:
@@ -238,23 +264,57 @@ def _table(rows, elapsed_s: float) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
+        if "eager_flops" not in row:
+            continue
         extra = 100.0 * (row["torch_flops"] - row["full_flops"]) / row["full_flops"] if row["full_flops"] else math.nan
         cells = " | ".join(_cell(row[policy], row) for policy in POLICIES)
         lines.append(f"| {row['model']} | {row['budget']:.1f} | {row['torch_held'] / 1024:.1f} KiB | {extra:+.1f} % | "
                      f"{cells} |")
     lines += [
         "",
+        "## The compiled path: the same joint graph",
+        "",
+        "slackswap's own partition function (`slackswap.compiled.partition.PlanningPartitioner`, "
+        "`saved_set=\"min-cut\"`) on the joint graph torch partitions (the decompositions of "
+        "`aot_eager_decomp_partition`): its plans choose among the tensors PyTorch's min-cut partitioner saves "
+        "with no matmul re-run (`slackswap.compiled.min_cut`), planned for torch's bytes held at that row. Bytes held: "
+        "distinct activation storages the compiled forward saves (torch: by saved-tensor hooks as above; slackswap: "
+        "the partition's saved layout, so that the RNG states of replayed dropouts, 5,056 bytes each for a CPU "
+        "generator, and swapped tensors' host copies are left out). Backward FLOPs: FlopCounterMode around "
+        "loss.backward(), both sides as a change from slackswap's keep-all plan on the same graph (nothing "
+        "recomputed that counts FLOPs). Throughput: simulated on a100-80gb-pcie4 on the graph's workload; torch's "
+        "plan simulated as its saved set (saved candidates kept, the others recomputed). keep-all: planned as "
+        "the keep-all plan where torch's bytes are at least its peak.",
+        "",
+        "| model | torch budget | torch held | torch bwd FLOPs | torch simulated | recompute-optimal held | its bwd "
+        "FLOPs | its throughput | slackswap held | its bwd FLOPs | its throughput | least-FLOPs held | its bwd "
+        "FLOPs | its throughput | recompute-optimal at torch's peak: held | its bwd FLOPs | its throughput |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        if "compiled_keep_flops" not in row:
+            continue
+        base = row["compiled_keep_flops"]
+        extra = 100.0 * (row["torch_flops"] - base) / base if base else math.nan
+        simulated = "-" if row["torch_throughput"] is None else f"{row['torch_throughput']:.2f} %"
+        cells = " | ".join(_cell(row[f"compiled {policy}"], row, "compiled_keep_flops")
+                           for policy in (*POLICIES, AT_PEAK))
+        lines.append(f"| {row['model']} | {row['budget']:.1f} | {row['torch_held'] / 1024:.1f} KiB | {extra:+.1f} % | "
+                     f"{simulated} | {cells} |")
+    lines += [
+        "",
         "What each side holds with nothing recomputed, and the least slackswap can hold:",
         "",
-        "| model | torch held at budget 1.0 | slackswap keep-all peak | slackswap minimum budget |",
-        "|---|---|---|---|",
+        "| model | torch held at budget 1.0 | slackswap keep-all peak | slackswap minimum budget | compiled keep-all "
+        "held |",
+        "|---|---|---|---|---|",
     ]
     seen = set()
     for row in rows:
         if row["model"] not in seen:
             seen.add(row["model"])
-            lines.append(f"| {row['model']} | {row['full_held'] / 1024:.1f} KiB | {row['keep_all_bytes'] / 1024:.1f} KiB "
-                         f"| {row['minimum_bytes'] / 1024:.1f} KiB |")
+            cells = [_kib(row.get(key)) for key in ("full_held", "keep_all_bytes", "minimum_bytes", "compiled_keep_held")]
+            lines.append(f"| {row['model']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

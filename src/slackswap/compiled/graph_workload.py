@@ -23,6 +23,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import operator
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -35,6 +37,7 @@ from torch.utils.flop_counter import flop_registry
 from ..hardware import Hardware
 from ..profiler.build import BACKWARD_TO_FORWARD, call_layer, op_kind, roofline_time_s
 from ..workload import Op, Tensor, Workload
+from .min_cut import cut_sources
 
 _VIEW_KIND = "view"
 
@@ -120,9 +123,12 @@ def _layer(node: fx.Node) -> int | None:
 
 
 def build_graph_workload(joint: fx.GraphModule, static_input_indices, hardware: Hardware, *,
-                         name: str, unit_graphs: bool = False) -> GraphWorkload:
+                         name: str, unit_graphs: bool = False, cut: frozenset[str] | None = None) -> GraphWorkload:
     """The Workload of ``joint`` (AOTAutograd's joint graph) with roofline times on ``hardware``.
-    ``unit_graphs``: the model is FSDP2-sharded, so a graph without numbered blocks is one unit."""
+    ``unit_graphs``: the model is FSDP2-sharded, so a graph without numbered blocks is one unit.
+    ``cut``: forward nodes backward reads from instead of what autograd's formulas read (min_cut.py):
+    each backward node reads the cut nodes its forward inputs are computed from, and re-runs the
+    forward ops in between (their time is added to its op's backward time)."""
     graph = joint.graph
     tag_untagged_backward(graph)
     static = set(static_input_indices or ())
@@ -185,11 +191,17 @@ def build_graph_workload(joint: fx.GraphModule, static_input_indices, hardware: 
             op_of_seq_nr[node.meta["seq_nr"]] = node.name
     readers: dict[str, list[str]] = {}
     has_backward: set[str] = set()
+    rerun_in_backward: dict[str, set[str]] = {}  # reader op -> forward ops its backward re-runs (cut only)
+    sources = None if cut is None else cut_sources(
+        [n for n in graph.nodes if n.op == "placeholder" and not is_backward_node(n)] + forward, cut)
     for node in graph.nodes:
         if node.op != "call_function" or not is_backward_node(node):
             continue
-        read = [storage_of_node[a.name] for a in node.all_input_nodes
-                if not is_backward_node(a) and a.name in storage_of_node]
+        forward_inputs = [a.name for a in node.all_input_nodes if not is_backward_node(a)]
+        between: set[str] = set()
+        if sources is not None:
+            forward_inputs, between = _through_cut(forward_inputs, sources)
+        read = list(dict.fromkeys(storage_of_node[a] for a in forward_inputs if a in storage_of_node))
         reader = op_of_seq_nr.get(node.meta.get("seq_nr"))
         if reader is None:
             produced = [op_index[producer[s]] for s in read if producer[s] is not None]
@@ -197,6 +209,7 @@ def build_graph_workload(joint: fx.GraphModule, static_input_indices, hardware: 
                 continue
             reader = op_nodes[max(produced)].name
         has_backward.add(reader)
+        rerun_in_backward.setdefault(reader, set()).update(b for b in between if b in op_index)
         for storage in read:
             made_by = producer[storage]
             op_name = reader
@@ -217,6 +230,7 @@ def build_graph_workload(joint: fx.GraphModule, static_input_indices, hardware: 
     last_layer = max(known) + 1 if known else 0
     first_layered = next((i for i, l in enumerate(layers) if l is not None), len(op_nodes))
     ops = []
+    fwd_time_s: dict[str, float] = {}
     for i, node in enumerate(op_nodes):
         aten = getattr(getattr(node.target, "overloadpacket", None), "__name__", str(node.target))
         kind = op_kind(aten, not outputs[node.name])  # no new storage: a view (or a view of a parameter)
@@ -225,13 +239,18 @@ def build_graph_workload(joint: fx.GraphModule, static_input_indices, hardware: 
             _tensor_bytes(node.meta.get("val"))
             + sum(_tensor_bytes(a.meta.get("val")) for a in node.all_input_nodes))
         fwd = roofline_time_s(hardware, kind, flops, traffic)
+        fwd_time_s[node.name] = fwd
         layer = layers[i] if layers[i] is not None else (-1 if i < first_layered else last_layer)
         ops.append(Op(
             name=node.name, layer=layer, kind=kind, fwd_time_s=fwd,
-            bwd_time_s=BACKWARD_TO_FORWARD * fwd if node.name in has_backward else 0.0,
+            bwd_time_s=BACKWARD_TO_FORWARD * fwd if node.name in has_backward else 0.0,  # re-runs added below
             flops=flops, bytes_accessed=traffic, inputs=tuple(inputs[node.name]),
             outputs=tuple(outputs[node.name]),
         ))
+    if rerun_in_backward:
+        ops = [dataclasses.replace(op, bwd_time_s=op.bwd_time_s + math.fsum(
+            fwd_time_s[o] for o in sorted(rerun_in_backward.get(op.name, ()), key=op_index.__getitem__)))
+               for op in ops]
     order = {n.name: i for i, n in enumerate(op_nodes)}
     tensors = [
         Tensor(name=s, size_bytes=sizes[s], producer=producer[s],
@@ -244,10 +263,25 @@ def build_graph_workload(joint: fx.GraphModule, static_input_indices, hardware: 
                                   bwd_readers=tuple(sorted(readers.get(s, ()), key=order.__getitem__))))
     workload = Workload(
         name=name, ops=tuple(ops), tensors=tuple(tensors),
-        meta={"source": "slackswap.compiled", "times": f"roofline on {hardware.name}"},
+        meta={"source": "slackswap.compiled", "times": f"roofline on {hardware.name}",
+              "saved_set": "autograd" if cut is None else "min-cut"},
     )
     return GraphWorkload(workload=workload, storage_of_node=storage_of_node, base_node=base_node,
                          op_of_seq_nr=op_of_seq_nr, end_source=_end_source(op_nodes), gathered_nodes=frozenset(gathered))
+
+
+def _through_cut(forward_inputs: list[str], sources) -> tuple[list[str], set[str]]:
+    """The cut nodes (and graph inputs) ``forward_inputs`` are computed from, and the forward nodes in between."""
+    read: list[str] = []
+    between: set[str] = set()
+    for name in forward_inputs:
+        got = sources.get(name)
+        if got is None:
+            read.append(name)
+            continue
+        read.extend(sorted(got[0]))
+        between |= got[1]
+    return read, between
 
 
 def _gathered_parameters(forward: list[fx.Node], parameter_storages: set) -> set[str]:

@@ -16,7 +16,10 @@ from ..plans import Action, Plan
 from ..schedule import check_plan, make_plan
 from ..workload import Workload
 from . import carry_out
-from .graph_workload import GraphWorkload, build_graph_workload
+from .graph_workload import GraphWorkload, build_graph_workload, tag_untagged_backward
+from .min_cut import zero_flop_cut
+
+SAVED_SETS = ("autograd", "min-cut")
 
 
 @dataclass
@@ -53,8 +56,14 @@ class PlanningPartitioner:
     """AOTAutograd partition function: profile the joint graph, plan it, tag it, partition it with
     PyTorch's default partitioner, then insert the plan's copies. One instance per ``slackswap.compile``."""
 
-    def __init__(self, hardware: Hardware, make_plan: PlanFn, *, name: str, unit_graphs: bool = False) -> None:
+    def __init__(self, hardware: Hardware, make_plan: PlanFn, *, name: str, unit_graphs: bool = False,
+                 saved_set: str = "autograd") -> None:
+        if saved_set not in SAVED_SETS:
+            raise ValidationError(f"saved_set {saved_set!r} is not one of {', '.join(SAVED_SETS)}")
         self.hardware = hardware
+        self.saved_set = saved_set
+        """What the plan chooses from: "autograd", what the derivative formulas read; "min-cut", what
+        PyTorch's min-cut partitioner saves with no matmul re-run (min_cut.py)."""
         self.unit_graphs = unit_graphs
         """The model is FSDP2-sharded: a graph without numbered blocks is one fully_shard unit (graph_workload.py)."""
         self.make_plan = make_plan
@@ -65,9 +74,14 @@ class PlanningPartitioner:
 
     def __call__(self, joint: fx.GraphModule, joint_inputs: Sequence[Any], *, num_fwd_outputs: int,
                  static_lifetime_input_indices: list[int] | None = None, **_: Any):
+        cut = None
+        if self.saved_set == "min-cut":
+            tag_untagged_backward(joint.graph)
+            cut = zero_flop_cut(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs,
+                                static_lifetime_input_indices=static_lifetime_input_indices)
         graph_workload = build_graph_workload(
             joint, static_lifetime_input_indices, self.hardware, name=f"{self.name}.graph{len(self.graphs)}",
-            unit_graphs=self.unit_graphs)
+            unit_graphs=self.unit_graphs, cut=cut)
         workload = graph_workload.workload
         if any(t.producer is not None for t in workload.saved_tensors):
             plan = self.make_plan(workload)

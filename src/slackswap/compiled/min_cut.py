@@ -1,0 +1,112 @@
+"""The saved set of PyTorch's min-cut partitioner with no matmul re-run: the candidates a plan on the
+compiled path chooses from when it is built with ``saved_set="min-cut"`` (graph_workload.py).
+
+Autograd's derivative formulas read what they read: a GELU's backward its input, the next linear
+layer's backward the GELU's output, a log-softmax's backward its output. A min-cut partitioner may
+save anything in the forward pass and rebuild the rest: it keeps the matmul output ahead of the
+GELU and re-runs the pointwise ops for both readers, the logits and two row statistics instead of
+the log-softmax, and so holds less with no FLOP re-run. This module asks PyTorch's own partitioner
+(``min_cut_rematerialization_partition``, the one behind ``activation_memory_budget``) for that cut
+with every ban on re-running cheap ops lifted except the one on ops outside its list of cheap ones
+(matmuls, attention, random ops): the fewest bytes it saves with nothing that counts FLOPs re-run.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch.fx as fx
+
+MIN_CUT_OPTIONS = {
+    "activation_memory_budget": 1.0,
+    "ban_recompute_used_far_apart": False,
+    "ban_recompute_long_fusible_chains": False,
+    "ban_recompute_materialized_backward": False,
+    "ban_recompute_not_in_allowlist": True,
+    # Node names must stay those of the joint graph the plan tags (CSE would merge and rename).
+    "cse": False,
+}
+"""torch._functorch.config for the cut: the options PyTorch's own budget search tries second
+("more aggressive", before it lets matmuls re-run)."""
+
+
+def zero_flop_cut(joint: fx.GraphModule, joint_inputs: Sequence[Any], *, num_fwd_outputs: int,
+                  static_lifetime_input_indices: Sequence[int] | None) -> frozenset[str]:
+    """Names of the joint graph's forward nodes PyTorch's min-cut partitioner saves for backward
+    under MIN_CUT_OPTIONS (run on a copy: ``joint`` is left as it is)."""
+    from torch._functorch import config as functorch_config
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    copy = fx.GraphModule(joint, _copy_graph(joint.graph))
+    with functorch_config.patch(MIN_CUT_OPTIONS):
+        fw, _ = min_cut_rematerialization_partition(
+            copy, joint_inputs, compiler="inductor", num_fwd_outputs=num_fwd_outputs,
+            static_lifetime_input_indices=list(static_lifetime_input_indices or ()))
+    outputs = fw.graph.find_nodes(op="output")[0].args[0]
+    saved = {n.name for n in outputs[num_fwd_outputs:] if isinstance(n, fx.Node)}
+    return frozenset(in_forward(joint, saved))
+
+
+def in_forward(joint: fx.GraphModule, saved: set[str]) -> set[str]:
+    """``saved`` with each backward node the partitioner moved into the forward pass (a transpose of a
+    saved value, say) replaced by the forward nodes it is computed from: the plan tags forward nodes."""
+    from .graph_workload import is_backward_node
+
+    by_name = {n.name: n for n in joint.graph.nodes}
+    result: set[str] = set()
+    pending = [by_name[name] for name in saved if name in by_name]
+    while pending:
+        node = pending.pop()
+        if not is_backward_node(node):
+            result.add(node.name)
+        else:
+            pending.extend(node.all_input_nodes)
+    return result
+
+
+def _copy_graph(graph: fx.Graph) -> fx.Graph:
+    # Graph.graph_copy keeps node names and copies each node's meta dict, so the partitioner's
+    # changes to tags and meta stay on the copy.
+    copy = fx.Graph()
+    value_remap: dict[fx.Node, fx.Node] = {}
+    output = copy.graph_copy(graph, value_remap)
+    copy.output(output)
+    return copy
+
+
+def cut_sources(forward_nodes: Sequence[fx.Node], cut: frozenset[str]) -> dict[str, tuple[frozenset[str], frozenset[str]]]:
+    """Per forward node: (the cut nodes and graph inputs it is computed from, the forward nodes re-run
+    in between). A node in the cut, or a graph input, is its own source."""
+    result: dict[str, tuple[frozenset[str], frozenset[str]]] = {}
+    for node in forward_nodes:
+        if node.name in cut or node.op == "placeholder":
+            result[node.name] = (frozenset((node.name,)), frozenset())
+            continue
+        sources: set[str] = set()
+        between: set[str] = {node.name}
+        for arg in node.all_input_nodes:
+            got = result.get(arg.name)
+            if got is None:  # a graph input or a node outside the forward pass
+                sources.add(arg.name)
+                continue
+            sources |= got[0]
+            between |= got[1]
+        result[node.name] = (frozenset(sources), frozenset(between))
+    return result
+
+
+
+def plan_of_saved_set(graph_workload, saved: set[str], *, policy: str = "torch"):
+    """The recompute-only Plan of ``graph_workload`` (built with a cut) that keeps what a partition
+    saves (forward node names, as ``in_forward`` returns them) and recomputes the other candidates;
+    None where the partition saves an activation that is no candidate (then no plan says the same)."""
+    from ..plans import Action
+    from ..schedule import make_plan
+
+    workload = graph_workload.workload
+    storages = {graph_workload.storage_of_node[n] for n in saved if n in graph_workload.storage_of_node}
+    if storages - {t.name for t in workload.saved_tensors}:
+        return None
+    actions = {t.name: Action.KEEP if t.name in storages else Action.RECOMPUTE
+               for t in workload.saved_tensors if t.producer is not None}
+    return make_plan(workload, actions, policy=policy, budget_bytes=None)
