@@ -20,7 +20,9 @@ import slackswap  # noqa: E402
 from slackswap import Action, get_hardware, make_plan, simulate  # noqa: E402
 from slackswap.errors import SlackswapError, ValidationError  # noqa: E402
 from slackswap.examples import EXAMPLES, loss_fn  # noqa: E402
-from slackswap.runtime import CheckpointBackendError, build_checkpoint_map, runtime_prefetch_steps  # noqa: E402
+from slackswap.planners.full_recompute import shape_input_regions  # noqa: E402
+from slackswap.schedule import first_need_step  # noqa: E402
+from slackswap.runtime import CheckpointBackendError, build_checkpoint_map  # noqa: E402
 from runtime_helpers import profile_cache, step_flops as _step_flops, train as _train  # noqa: E402
 
 HW = get_hardware("a100-80gb-pcie4")
@@ -67,9 +69,11 @@ PLANS = {"blocks": lambda w: block_actions(w, Action.KEEP), "mixed": lambda w: b
 
 
 def budgeted_plan(workload, actions, policy):
-    """A plan with the runtime's prefetch steps, budgeted at its own simulated peak."""
+    """A plan with the runtime's prefetch steps, budgeted at its own simulated peak. Re-running a
+    dropout mask re-runs the op that makes its shape input, as checkpointing the block does."""
+    regions = shape_input_regions(workload)
     plan = make_plan(workload, actions, policy=policy, budget_bytes=None,
-                     prefetch_step=runtime_prefetch_steps(workload, actions))
+                     prefetch_step=first_need_step(workload, actions, regions), recompute_regions=regions)
     return dataclasses.replace(plan, budget_bytes=simulate(workload, HW, plan).peak_memory_bytes)
 
 

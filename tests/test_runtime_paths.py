@@ -58,7 +58,8 @@ def keep_one_in_first_block(workload):
               (["h", "0", "mlp"], ["layers", "0", "mlp"])]
     actions = dict(plan.actions)
     actions[inside[0]] = Action.KEEP
-    return make_plan(workload, actions, policy="keep-one", budget_bytes=None, prefetch_step=dict(plan.prefetch_step))
+    return make_plan(workload, actions, policy="keep-one", budget_bytes=None, prefetch_step=dict(plan.prefetch_step),
+                     recompute_regions=plan.recompute_regions)
 
 
 def hooks_seen(model):
@@ -270,8 +271,9 @@ class _MemoModel(torch.nn.Module):
 
 def unbudgeted_recompute(workload):
     """The full-recompute plan's actions without a budget (the tiny blocks' rebuild would exceed it)."""
-    return make_plan(workload, full_recompute(workload).actions, policy="full-recompute", budget_bytes=None,
-                     prefetch_step={})
+    plan = full_recompute(workload)
+    return make_plan(workload, plan.actions, policy="full-recompute", budget_bytes=None, prefetch_step={},
+                     recompute_regions=plan.recompute_regions)
 
 
 def test_a_call_that_takes_a_cache_object_is_not_checkpointed():

@@ -24,7 +24,11 @@ from ._fields import (
 from .errors import ValidationError
 from .profile_trace import trace_fingerprint_part
 
-WORKLOAD_FORMAT = "slackswap.workload/1"
+WORKLOAD_FORMAT = "slackswap.workload/2"
+"""Version 2 adds ``ops[].shape_inputs``. A workload none of whose ops has shape inputs is written as
+version 1, byte for byte what version 1 wrote (so its fingerprint is unchanged and older slackswap
+reads it); version-1 files load as workloads without shape inputs."""
+WORKLOAD_FORMAT_V1 = "slackswap.workload/1"
 MAX_OP_TIME_S = 1e6
 """Longest op accepted: beyond it the input is a unit mistake, and sums of such times could overflow."""
 
@@ -69,6 +73,10 @@ class Op:
     """Forward bytes read and written in device memory."""
     inputs: tuple[str, ...] = ()
     outputs: tuple[str, ...] = ()
+    shape_inputs: tuple[str, ...] = ()
+    """Tensors the op reads only for their shape, dtype, device and strides (``empty_like``'s input,
+    the ``self`` of ``new_zeros``): not dependencies. Rebuilding the op's outputs does not rebuild
+    them; the runtime makes a stand-in of that shape (profiler/shape_only.py)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -204,18 +212,21 @@ class Workload:
 
     # ---- JSON -------------------------------------------------------------------
     def to_dict(self, *, include_meta: bool = True) -> dict[str, Any]:
-        data: dict[str, Any] = {"format": WORKLOAD_FORMAT, "name": self.name}
+        shaped = any(op.shape_inputs for op in self.ops)
+        data: dict[str, Any] = {"format": WORKLOAD_FORMAT if shaped else WORKLOAD_FORMAT_V1, "name": self.name}
         if include_meta:
             data["meta"] = dict(self.meta)
-        data["ops"] = [
-            {
+        data["ops"] = []
+        for op in self.ops:
+            row: dict[str, Any] = {
                 "name": op.name, "layer": op.layer, "kind": op.kind,
                 "fwd_time_s": op.fwd_time_s, "bwd_time_s": op.bwd_time_s,
                 "flops": op.flops, "bytes_accessed": op.bytes_accessed,
                 "inputs": list(op.inputs), "outputs": list(op.outputs),
             }
-            for op in self.ops
-        ]
+            if op.shape_inputs:
+                row["shape_inputs"] = list(op.shape_inputs)
+            data["ops"].append(row)
         data["tensors"] = [
             {"name": t.name, "size_bytes": t.size_bytes, "producer": t.producer, "bwd_readers": list(t.bwd_readers)}
             for t in self.tensors
@@ -231,8 +242,8 @@ class Workload:
     @classmethod
     def from_dict(cls, data: Any) -> "Workload":
         top = Fields(data, "workload")
-        fmt = top.str("format", default=WORKLOAD_FORMAT)
-        if fmt != WORKLOAD_FORMAT:
+        fmt = top.str("format", default=WORKLOAD_FORMAT_V1)
+        if fmt not in (WORKLOAD_FORMAT, WORKLOAD_FORMAT_V1):
             raise ValidationError(f"workload.format is {fmt!r}, expected {WORKLOAD_FORMAT!r}: export the workload again")
         name = top.str("name")
         meta = top.dict("meta", default={})
@@ -244,6 +255,8 @@ class Workload:
                 fwd_time_s=f.number("fwd_time_s"), bwd_time_s=f.number("bwd_time_s"),
                 flops=f.number("flops", default=0.0), bytes_accessed=f.number("bytes_accessed", default=0.0),
                 inputs=f.str_list("inputs", default=[]), outputs=f.str_list("outputs", default=[]),
+                # only version 2 has the field: in a version-1 file it is an unknown field (no_extra)
+                shape_inputs=f.str_list("shape_inputs", default=[]) if fmt == WORKLOAD_FORMAT else (),
             ))
             f.no_extra()
         tensors = []
@@ -291,6 +304,7 @@ def _validate(w: Workload) -> None:
         check_text(op.kind, f"{where}.kind")
         check_names(op.inputs, f"{where}.inputs")
         check_names(op.outputs, f"{where}.outputs")
+        check_names(op.shape_inputs, f"{where}.shape_inputs")
         if op.name in op_pos:
             raise ValidationError(f"{where}: duplicate op name; op names must be unique")
         op_pos[op.name] = i
@@ -333,6 +347,16 @@ def _validate(w: Workload) -> None:
                 raise ValidationError(
                     f"{where}.inputs reads {name!r} before any earlier op produces it "
                     "(ops must be in execution order; a cycle cannot be ordered)"
+                )
+        for name in op.shape_inputs:
+            if name not in tensors:
+                raise ValidationError(f"{where}.shape_inputs names unknown tensor {name!r}")
+            if name not in produced_at:
+                raise ValidationError(f"{where}.shape_inputs reads {name!r} before any earlier op produces it")
+            if name in op.inputs:
+                raise ValidationError(
+                    f"{where} lists {name!r} in both inputs and shape_inputs: a tensor whose values the op reads "
+                    "is an input only"
                 )
         for name in op.outputs:
             if name not in tensors:

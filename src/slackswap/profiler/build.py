@@ -75,6 +75,7 @@ def build_workload(trace, fwd_times_s: Sequence[float], bwd_times_s: Sequence[fl
             fwd_time_s=float(fwd_times_s[op.index]), bwd_time_s=float(bwd_times_s[op.index]),
             flops=float(op.flops), bytes_accessed=float(op.bytes_accessed),
             inputs=tuple(inputs), outputs=tuple(op.outputs),
+            shape_inputs=tuple(n for n in op.shape_inputs if n not in inputs),
         ))
     tensors = [
         Tensor(name=n, size_bytes=trace.storage_nbytes[n], producer=None,
@@ -131,7 +132,8 @@ def project_onto(workload: Workload, hardware: Hardware) -> Workload:
         fwd = roofline_time_s(hardware, op.kind, op.flops, op.bytes_accessed)
         bwd = BACKWARD_TO_FORWARD * fwd if op.bwd_time_s > 0 else 0.0
         ops.append(Op(name=op.name, layer=op.layer, kind=op.kind, fwd_time_s=fwd, bwd_time_s=bwd, flops=op.flops,
-                      bytes_accessed=op.bytes_accessed, inputs=op.inputs, outputs=op.outputs))
+                      bytes_accessed=op.bytes_accessed, inputs=op.inputs, outputs=op.outputs,
+                      shape_inputs=op.shape_inputs))
     meta = dict(workload.meta)
     meta["times"] = f"roofline on {hardware.name} (measured times in meta.measured_*)"
     meta["measured_fwd_time_s"] = [op.fwd_time_s for op in workload.ops]

@@ -36,6 +36,7 @@ from torch.utils.flop_counter import flop_registry
 from ..errors import ValidationError
 from ..profile_trace import LOSS_CALL, ROOT_CALL, call_name, op_name, output_name, version_name
 from .fsdp import FsdpUnits, local_tensor
+from .shape_only import shape_only_argument
 
 # Ops selective checkpointing never shows its policy (torch/utils/checkpoint.py SAC_IGNORED_OPS);
 # the tracer skips them too, and so do the runtime's recorders, so that op positions agree.
@@ -57,6 +58,8 @@ class OpRecord:
     call: str
     """Innermost module call that ran the op ('loss_fn' for ops outside the model)."""
     inputs: list[str]
+    shape_inputs: list[str]
+    """Tensors the op reads only for their metadata (profiler/shape_only.py): not in ``inputs``."""
     outputs: list[str]
     """Tensors the op made: versions of storages it wrote into (in place, ``out=``), then new storages.
     Views of existing storages are not new tensors."""
@@ -250,11 +253,15 @@ class Tracer:
     def on_op(self, func, args, kwargs):
         self._resolve_previous_node()
         in_tensors = _tensors((args, kwargs))
+        shaped = shape_only_argument(func, args)
         inputs: list[str] = []
+        shape_inputs: list[str] = []
         for t in in_tensors:
             name = self.ids.lookup(t)
-            if name is not None and name not in inputs:
-                inputs.append(name)
+            names = shape_inputs if t is shaped else inputs
+            if name is not None and name not in names:
+                names.append(name)
+        shape_inputs = [n for n in shape_inputs if n not in inputs]
         start = self.timer.start()
         out = func(*args, **kwargs)
         elapsed = self.timer.stop(start)
@@ -294,7 +301,8 @@ class Tracer:
         is_view = bool(getattr(func, "is_view", False))
         moved = 0 if is_view else sum(t.nbytes for t in in_tensors) + sum(t.nbytes for t in out_tensors)
         self.ops.append(OpRecord(
-            index=index, name=name_of_op, func=func, aten=aten, call=call, inputs=inputs, outputs=outputs, touched=touched,
+            index=index, name=name_of_op, func=func, aten=aten, call=call, inputs=inputs, shape_inputs=shape_inputs,
+            outputs=outputs, touched=touched,
             flops=flops, bytes_accessed=float(moved), is_view=is_view, out_refs=out_tensors,
         ))
         self.fwd_times.append(elapsed)

@@ -6,8 +6,9 @@ saw them) and checks each against the profile: a different op at a position is a
 PlanMismatchError before any gradient exists. For the ops some recompute group re-runs it
 keeps a *recipe*: the op, its non-tensor arguments, and for each tensor argument either the
 workload tensor it views (storage name, offset, shape, stride, dtype: no reference is held,
-so the memory is freed as planned) or, for parameters, buffers and step inputs, the tensor
-itself; for ops that draw random numbers, the RNG state they drew from. Replaying a group
+so the memory is freed as planned), for an argument read only for its metadata (the profile's
+shape inputs: ``empty_like``'s) that metadata, or, for parameters, buffers and step inputs, the
+tensor itself; for ops that draw random numbers, the RNG state they drew from. Replaying a group
 (SwapManager.run_group) rebuilds exactly the plan's tensors, bit for bit.
 
 The clock: the autograd node of op i (read from its outputs when the next op starts, as the
@@ -44,11 +45,22 @@ class TensorRef:
     dtype: torch.dtype
 
 
+@dataclass(frozen=True)
+class ShapeRef:
+    """A tensor argument the op reads only for its metadata (Op.shape_inputs): replayed on a stand-in
+    of this shape, stride, dtype and device (profiler/shape_only.py), so nothing rebuilds it."""
+
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+
+
 @dataclass
 class Recipe:
     func: Any
     flat: list
-    """Flattened (args, kwargs): TensorRef, a held tensor, or a plain value."""
+    """Flattened (args, kwargs): TensorRef, ShapeRef, a held tensor, or a plain value."""
     spec: Any
     written: tuple[int, ...]
     """Positions in ``flat`` of the tensors the op writes into."""
@@ -102,6 +114,7 @@ class ForwardRecorder:
         self.aten = [aten_of(op.name) for op in workload.ops]
         self.sources = [output_sources(op.outputs) for op in workload.ops]
         self.profiled_inputs = {i: frozenset(workload.ops[i].inputs) for i in emap.group_ops}
+        self.shape_inputs = {i: frozenset(workload.ops[i].shape_inputs) for i in emap.group_ops}
         self.group_ops = emap.group_ops
         self.random_ops = emap.random_ops
         self.manager = manager
@@ -174,6 +187,10 @@ class ForwardRecorder:
             key = storage_key(x)
             parameter = key in self.frozen or x.untyped_storage().nbytes() == 0 or self.manager.fsdp.is_gathered(x)
             name = None if parameter else self.names.get(key)
+            if name is not None and name in self.shape_inputs[i] and name not in self.profiled_inputs[i]:
+                # Read for its metadata only: no reference, no name to rebuild, a stand-in at replay.
+                items.append(ShapeRef(tuple(x.shape), tuple(x.stride()), x.dtype, x.device))
+                continue
             if name is not None and name not in self.profiled_inputs[i]:
                 # A stale name: ``names`` holds no storage alive, so a storage it named may have been
                 # freed and its address reused by a tensor no recorded op made (the 0-dim tensor

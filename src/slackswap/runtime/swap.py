@@ -45,11 +45,12 @@ from ..errors import PlanMismatchError, RuntimeFallbackWarning, RuntimeMemoryErr
 from ..memory.host import HOST_SLOT_ALIGN_BYTES
 from ..plans import Action, Plan
 from ..profiler.fsdp import FsdpUnits
+from ..profiler.shape_only import stand_in
 from ..profiler.tracer import storage_key
 from ..schedule import backward_step_of, op_of_backward_step
 from ..workload import Workload
 from .mapping import ExecutionMap
-from .replay import TensorRef, output_sources, rng_state, set_rng_state
+from .replay import ShapeRef, TensorRef, output_sources, rng_state, set_rng_state
 
 _ALIGN = HOST_SLOT_ALIGN_BYTES  # slot alignment in the host buffer (bytes); plans count the same
 
@@ -432,6 +433,8 @@ class SwapManager:
                     with torch.no_grad():
                         item = torch.empty(0, dtype=item.dtype, device=storage.device).set_(
                             storage, item.offset, item.shape, item.stride)
+                elif isinstance(item, ShapeRef):
+                    item = stand_in(item.shape, item.stride, item.dtype, item.device)
                 elif isinstance(item, torch.Tensor) and self.fsdp.regather(item):  # FSDP freed it after forward
                     self.stats.fsdp_regathers += 1
                 flat.append(item)
