@@ -186,3 +186,25 @@ def test_the_cutoff_changes_no_plan(monkeypatch, name, fraction):
     simulated = slackswap_module.plan_slackswap(w, hw, budget)
     assert sum(s.pruned_simulations for s in made) == 0
     assert with_cutoff.to_dict(w) == simulated.to_dict(w)
+
+
+def test_the_run_under_the_budget_after_the_unlimited_run_comes_from_its_fork(monkeypatch):
+    # Swapping a0 on a slow link (2 s a copy): unlimited, op2 makes a2 while a0's copy out still
+    # runs (peak 301 B); under 250 B op2 waits 1 s for it. The search simulates once from the start,
+    # without a limit, and the run under the budget goes on from where the two part.
+    from slackswap.sim import simulator
+
+    w = chain(4, bwd_time_s=0.5)
+    hw = link(rate=50.0)
+    search = Search(w, hw, 250, "test")
+    plan = search.plan({"a0": S})
+    starts: list = []
+    real = simulator._Simulation.run
+    monkeypatch.setattr(simulator._Simulation, "run", lambda self: starts.append(self.budget) or real(self))
+    free = search.evaluate(plan, unlimited=True)
+    under = search.evaluate(plan)
+    assert len(starts) == 1 and search.fork is None
+    records: list = []
+    direct = simulate(w, hw, plan, 250, check=False, event_records=records)
+    assert free.timeline.peak_memory_bytes == 301 and direct.stall_memory_s == 1.0
+    assert under.timeline == direct and list(under.records) == records

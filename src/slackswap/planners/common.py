@@ -189,6 +189,14 @@ class Candidate:
             return self.timeline.events
         return events_of(self.records)
 
+    def events_of_kinds(self, kinds: Iterable[str]) -> tuple[Event, ...]:
+        """``events`` of the given kinds only, in order (the repair reads stalls and copies: a
+        tenth of a step's events, and making an Event costs more than finding it)."""
+        kinds = frozenset(kinds)
+        if self.records is None:
+            return tuple(e for e in self.timeline.events if e.kind in kinds)
+        return events_of([r for r in self.records if r[1] in kinds])
+
     @property
     def fits(self) -> bool:
         return self.timeline is not None
@@ -205,6 +213,12 @@ def build(workload: Workload, hardware: Hardware, actions: Mapping[str, Action],
                      prefetch_step=prefetch_step, info=info, recompute_regions=recompute_regions)
 
 
+def memo_key(budget_bytes: int | float | None, plan: Plan) -> tuple:
+    """What a simulation of ``plan`` under ``budget_bytes`` depends on, within one planning call
+    (one workload, one link): the actions and the prefetch steps (the rest is derived from them)."""
+    return (budget_bytes, tuple(plan.actions.values()), tuple(sorted(plan.prefetch_step.items())))
+
+
 def evaluate(workload: Workload, hardware: Hardware, plan: Plan, budget_bytes: int | None,
              memo: dict | None = None) -> Candidate:
     """Simulate ``plan`` under ``budget_bytes`` (None: the plan's own; math.inf: no limit); an
@@ -212,7 +226,7 @@ def evaluate(workload: Workload, hardware: Hardware, plan: Plan, budget_bytes: i
     and hardware), a plan already simulated under the same budget is not simulated again."""
     key = None
     if memo is not None:
-        key = (budget_bytes, tuple(plan.actions.values()), tuple(sorted(plan.prefetch_step.items())))
+        key = memo_key(budget_bytes, plan)
         if key in memo:
             return dataclasses.replace(memo[key], plan=plan)
     records: list = []

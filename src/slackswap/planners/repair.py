@@ -71,7 +71,7 @@ def _propose(search: Search, current: Candidate, allow_swaps: bool = True):
     # Swaps to blame for stalls: copies back that backward waited for, copies out in flight
     # while compute waited for memory.
     blame: dict[str, float] = {}
-    events = current.events
+    events = current.events_of_kinds(("stall_copy", "stall_memory", "copy_out", "copy_in"))
     copy_out = [e for e in events if e.kind == "copy_out"]
     copy_in = [e for e in events if e.kind == "copy_in"]
     for e in events:

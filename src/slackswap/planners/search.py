@@ -27,10 +27,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from ..errors import InfeasiblePlanError
 from ..hardware import Hardware
 from ..plans import Action, Plan
+from ..sim.simulator import simulate_unlimited_with_fork
 from ..workload import Workload
-from .common import Candidate, Facts, build, evaluate, facts_for
+from .common import Candidate, Facts, build, evaluate, facts_for, memo_key
 
 
 # Relative slack on the step time floor: the simulator's clock adds task durations one at a time
@@ -47,6 +49,9 @@ class Search:
     policy: str
     facts: Facts = field(init=False, repr=False)
     memo: dict = field(default_factory=dict, repr=False)
+    fork: tuple | None = field(default=None, repr=False)
+    """(memo key under the budget, resume or None, unlimited candidate) of the last plan simulated
+    without a limit (``_unlimited``)."""
     plans: dict = field(default_factory=dict, repr=False)
     """Plans built in this call, by their actions and prefetch steps (``plan``)."""
     targeted_simulations: int = 0
@@ -94,7 +99,7 @@ class Search:
         if not unlimited and self._over_floor(plan.actions):
             self.skipped_simulations += 1
             return Candidate(plan, None)
-        if not any(a is Action.SWAP for a in plan.actions.values()):
+        if Action.SWAP not in plan.actions.values():
             # Without copies nothing frees memory while compute waits: the run under the budget is
             # the unlimited run when that peaks within it, and infeasible otherwise. One
             # simulation answers both limits.
@@ -105,8 +110,43 @@ class Search:
                 return Candidate(plan, None)
             return dataclasses.replace(free, timeline=dataclasses.replace(free.timeline, budget_bytes=self.budget_bytes))
         if unlimited:
-            return self._note_peak(evaluate(self.workload, self.hardware, plan, math.inf, self.memo))
+            return self._note_peak(self._unlimited(plan))
+        key = memo_key(self.budget_bytes, plan)
+        if self.fork is not None and self.fork[0] == key and key not in self.memo:
+            found = self.memo[key] = self._resume(plan)
+            return found
         return evaluate(self.workload, self.hardware, plan, self.budget_bytes, self.memo)
+
+    def _unlimited(self, plan: Plan) -> Candidate:
+        """``plan`` (with copies) simulated with no memory limit, memoized; the state where its run
+        under the budget departs from this one is kept in ``fork`` for the next evaluation under the
+        budget (a sizing loop asks for it next when the plan's unlimited peak is over the budget)."""
+        key = memo_key(math.inf, plan)
+        if key in self.memo:
+            return dataclasses.replace(self.memo[key], plan=plan)
+        records: list = []
+        try:
+            timeline, resume = simulate_unlimited_with_fork(self.workload, self.hardware, plan, self.budget_bytes,
+                                                            event_records=records)
+        except InfeasiblePlanError:
+            found = self.memo[key] = Candidate(plan, None)
+            return found
+        found = self.memo[key] = Candidate(plan, timeline, tuple(records))
+        self.fork = (memo_key(self.budget_bytes, plan), resume, found)
+        return found
+
+    def _resume(self, plan: Plan) -> Candidate:
+        """The run under the budget of the plan ``fork`` was kept for."""
+        _, resume, free = self.fork
+        self.fork = None
+        if resume is None:  # the budget never bound: the run under it is the unlimited run
+            return dataclasses.replace(free, plan=plan, timeline=dataclasses.replace(
+                free.timeline, budget_bytes=self.budget_bytes))
+        records: list = []
+        try:
+            return Candidate(plan, resume(records), tuple(records))
+        except InfeasiblePlanError:
+            return Candidate(plan, None)
 
     def step_floor_s(self, plan: Plan) -> float:
         """A lower bound on ``plan``'s simulated step time, whatever waits: the compute stream runs

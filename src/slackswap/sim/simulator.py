@@ -7,9 +7,11 @@ scheduled, which makes every run bit-for-bit repeatable.
 
 from __future__ import annotations
 
+import copy
 import heapq
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 from ..errors import InfeasiblePlanError
 from ..hardware import Hardware
@@ -50,9 +52,17 @@ class _Copy:
 
 
 class _Simulation:
+    # What a run changes as it goes (everything else is set up once and shared by a fork's copy).
+    _RUN_STATE = ("present", "events", "memory", "group_allocs", "trigger_s", "d2h_queue", "d2h_done", "queued_s",
+                  "d2h_end_s", "last_copy_end_s", "h2d_issued", "h2d_done", "cancelled")
+
     def __init__(self, workload: Workload, hardware: Hardware, plan: Plan, budget_bytes: float,
-                 tensor_log: list | None = None) -> None:
+                 tensor_log: list | None = None, *, lift_to: float | None = None) -> None:
         self.w = workload
+        # With ``lift_to``, the first time ``budget_bytes`` binds, the state is kept in ``fork``
+        # and the run goes on under ``lift_to`` (``_lift_budget``).
+        self.lift_to = lift_to
+        self.fork: _Simulation | None = None
         self.log = tensor_log
         self.hw = hardware
         self.plan = plan
@@ -248,7 +258,9 @@ class _Simulation:
             self.h2d_issued.add(tensor)
             self.h2d_done.add(tensor)
             return True
-        if tensor not in self.d2h_done or not self._fits(self.size[tensor]):
+        if tensor not in self.d2h_done:
+            return False
+        if not self._fits(self.size[tensor]) and not self._lift_budget():
             return False
         self._alloc([tensor])
         self.h2d_issued.add(tensor)
@@ -329,7 +341,7 @@ class _Simulation:
             alloc = [o for o in self.saved_outputs[op_index] if o not in present]
             for name in alloc:
                 alloc_bytes += size[name]
-        if self.mem + alloc_bytes > self.budget:
+        if self.mem + alloc_bytes > self.budget and not self._lift_budget():
             return False
         # start the task
         op = self.w.ops[op_index]
@@ -406,17 +418,58 @@ class _Simulation:
 
     def run(self) -> None:
         self._alloc(list(self.step_inputs))
-        if self.mem > self.budget:
-            need, budget = self.mem, int(self.budget)
-            raise InfeasiblePlanError(
-                f"plan cannot fit its budget: the step inputs alone take {format_bytes(need)} ({need} bytes) "
-                f"with {format_bytes(budget)} ({budget} bytes) allowed; raise the budget",
-                needed_bytes=need, budget_bytes=budget,
-            )
+        if self.mem > self.budget and not self._lift_budget():
+            self._raise_over_inputs()
         if not self.h2d_order and Action.SWAP not in self.actions.values():
             self._run_copy_free()
             return
         self._dispatch()
+        self._run_events()
+
+    def _raise_over_inputs(self) -> None:
+        need, budget = self.mem, int(self.budget)
+        raise InfeasiblePlanError(
+            f"plan cannot fit its budget: the step inputs alone take {format_bytes(need)} ({need} bytes) "
+            f"with {format_bytes(budget)} ({budget} bytes) allowed; raise the budget",
+            needed_bytes=need, budget_bytes=budget,
+        )
+
+    def resume(self) -> None:
+        """Run a fork (``_lift_budget``) on to the end. It was copied at a memory check that fails
+        under its budget, in the middle of a dispatch pass; a pass tried again from its start does
+        what the rest of that pass would do (a stream's try changes nothing when it fails, and one
+        that started its work is busy), so the run goes on with a dispatch. Under a budget the
+        memory in use stays within it once the step inputs fit, so the inputs' check only raises
+        for a fork copied there."""
+        if self.mem > self.budget:
+            self._raise_over_inputs()
+        self._dispatch()
+        self._run_events()
+
+    def _lift_budget(self) -> bool:
+        """With ``lift_to``, at the first memory check that fails under the budget: keep a copy of
+        the state as it is in ``fork`` (the run under the budget is this run up to here) and go on
+        under ``lift_to``. False (the check fails) otherwise."""
+        if self.lift_to is None:
+            return False
+        fork = copy.copy(self)
+        for name in self._RUN_STATE:
+            setattr(fork, name, copy.copy(getattr(self, name)))
+        live = {}
+        for direction in ("d2h", "h2d"):
+            flight = getattr(self, direction)
+            if flight is not None:
+                live[id(flight)] = copy.copy(flight)
+                setattr(fork, direction, live[id(flight)])
+        # Copy ends hold their copy in flight, which the fork's own run re-times: its own.
+        fork.heap = [e if e[2] is _COMPUTE_END or id(e[3][0]) not in live else (*e[:3], (live[id(e[3][0])], e[3][1]))
+                     for e in self.heap]
+        fork.lift_to = None
+        self.fork = fork
+        self.budget, self.lift_to = self.lift_to, None
+        return True
+
+    def _run_events(self) -> None:
         heap = self.heap
         while heap:
             top = heap[0]
@@ -523,13 +576,44 @@ def simulate(
         budget_bytes = None
     sim = _Simulation(workload, hardware, plan, math.inf if budget_bytes is None else budget_bytes, tensor_log)
     sim.run()
+    return _timeline(sim, budget_bytes, event_records)
+
+
+def _timeline(sim: _Simulation, budget_bytes: int | float | None, event_records: list | None) -> Timeline:
     return Timeline(
-        workload_name=workload.name, hardware_name=hardware.name, policy=plan.policy,
-        budget_bytes=budget_bytes, step_time_s=sim.compute_end_s, ideal_step_time_s=workload.ideal_step_time_s,
+        workload_name=sim.w.name, hardware_name=sim.hw.name, policy=sim.plan.policy,
+        budget_bytes=budget_bytes, step_time_s=sim.compute_end_s, ideal_step_time_s=sim.w.ideal_step_time_s,
         peak_memory_bytes=sim.peak, d2h_bytes=sim.d2h_bytes, h2d_bytes=sim.h2d_bytes,
         recompute_time_s=sim.recompute_time, stall_copy_s=sim.stall_copy, stall_memory_s=sim.stall_memory,
         events=events_of(sim.events, event_records), memory=tuple(sim.memory),
     )
+
+
+def simulate_unlimited_with_fork(
+    workload: Workload, hardware: Hardware, plan: Plan, budget_bytes: int, *, event_records: list | None = None,
+) -> tuple[Timeline, Callable[[list | None], Timeline] | None]:
+    """``simulate(workload, hardware, plan, math.inf, check=False, event_records=...)``, and the run
+    under ``budget_bytes`` without its first part: the two runs are the same until a memory check
+    first fails under the budget, where the state is copied; ``resume(event_records)`` runs that
+    copy on and returns what ``simulate(..., budget_bytes, check=False, event_records=...)`` would
+    (or raises its InfeasiblePlanError). ``resume`` is None when the budget never binds: the run
+    under it is the unlimited run (its peak is within the budget). Planners size a plan by its
+    unlimited peak and then need its run under the budget (selection.fit_need)."""
+    if hardware.pinned_host_bytes is not None:
+        from ..memory.host import check_host_memory
+
+        check_host_memory(workload, hardware, plan)
+    sim = _Simulation(workload, hardware, plan, budget_bytes, lift_to=math.inf)
+    sim.run()
+    free = _timeline(sim, None, event_records)
+    fork = sim.fork
+    if fork is None:
+        return free, None
+
+    def resume(records: list | None = None) -> Timeline:
+        fork.resume()
+        return _timeline(fork, budget_bytes, records)
+    return free, resume
 
 
 def events_of(records: list[tuple], into: list | None = None) -> tuple[Event, ...]:
