@@ -210,11 +210,20 @@ def speed_side_by_side(previous: str, repeats: int, fraction: float = 0.5) -> di
         stopped: set[str] = set()
         for model, layers in SPEED_CASES + [("gpt2-xl", layers) for layers in SCALING_LAYERS]:
             runs: dict[str, list[dict]] = {"previous": [], "current": []}
+            unreadable = set()
             for _ in range(repeats if layers is None or layers <= SCALING_REPEATS_UP_TO else 1):
                 for version in ("previous", "current"):
-                    if version not in stopped:
-                        runs[version].append(time_in_process(sources[version], model, layers, fraction))
+                    if version not in stopped and version not in unreadable:
+                        try:
+                            runs[version].append(time_in_process(sources[version], model, layers, fraction))
+                        except subprocess.CalledProcessError as exc:
+                            if version != "previous" or "ValidationError" not in exc.stderr:
+                                raise
+                            # A fixture saved in a workload format added since that version.
+                            unreadable.add(version)
             row: dict = {"model": model, "layers": layers}
+            if unreadable:
+                row["previous_unreadable"] = True
             for version, done in runs.items():
                 if done:
                     row["ops"] = done[0]["ops"]
@@ -258,11 +267,15 @@ def speed_markdown(speed: dict) -> str:
              f"of CPU). Previous version: commit {speed['previous']}. Machine load (1/5/15-minute load "
              f"averages, 2 cores): {_load(speed['load'][0])} at the start, {_load(speed['load'][1])} at the end; "
              "under load the wall time is mostly waiting for a core, so the CPU columns are the comparison.", "",
+             "*cannot read it*: the previous version refuses the profiled fixture (saved in a workload format "
+             "added after it, slackswap.workload/2 with ops' shape inputs).", "",
              "| workload | ops | previous, wall | this version, wall | previous, CPU | this version, CPU | "
              "speed-up (CPU) | same plan |", "|---|---:|---:|---:|---:|---:|---:|---|"]
 
     def cell(row, key):
-        return f"{row[key]:.3f} s" if key in row else "not run"
+        if key in row:
+            return f"{row[key]:.3f} s"
+        return "cannot read it" if key.startswith("previous") and row.get("previous_unreadable") else "not run"
 
     for r in rows:
         name = r["model"].removesuffix(".json") if r["layers"] is None else f"{r['model']} L{r['layers']}"
@@ -274,9 +287,11 @@ def speed_markdown(speed: dict) -> str:
     for version, label in (("previous", "Previous version"), ("current", "This version")):
         llama = [r[f"{version}_s"] for r in rows if r["model"] == "llama-7b" and f"{version}_s" in r]
         profiled = [r[f"{version}_s"] for r in rows if r["model"].startswith("profiled/") and f"{version}_s" in r]
+        which = "the profiled workloads" if len(profiled) == sum(r["model"].startswith("profiled/") for r in rows) \
+            else f"the {len(profiled)} profiled workloads it reads"
         if llama and profiled:
             lines += ["", f"{label}: llama-7b at 50 % plans in {llama[0]:.3f} s of process wall time (target: at "
-                      f"most 0.2 s); the profiled workloads in at most {max(profiled):.3f} s (target: at most 0.1 s)."]
+                      f"most 0.2 s); {which} in at most {max(profiled):.3f} s (target: at most 0.1 s)."]
     for version, label in (("previous", "Previous version"), ("current", "This version")):
         key = f"{version}_cpu_s"
         if key in scaling.get(48, {}) and key in scaling.get(192, {}):
