@@ -13,6 +13,7 @@ from .full_recompute import plan_full_recompute
 from .ideal import plan_ideal
 from .optimal import plan_optimal
 from .recompute_optimal import plan_recompute_optimal
+from .search import shared_simulations
 from .selective_recompute import plan_selective_recompute
 from .slackswap import plan_slackswap
 from .slackswap_paper import plan_slackswap_paper
@@ -58,10 +59,11 @@ def plan_workload(workload: Workload, hardware: Hardware, budget_bytes: int, pol
         from .minimum import check_budget
 
         check_budget(workload, budget_bytes, simulate_ideal(workload, hardware).peak_memory_bytes)
-    if hardware.pinned_host_bytes is None:
-        return planner(workload, hardware, budget_bytes)
-    return _within_host_memory(workload, hardware, budget_bytes, planner(
-        workload, hardware.replace(pinned_host_bytes=None), budget_bytes))
+    with shared_simulations():
+        if hardware.pinned_host_bytes is None:
+            return planner(workload, hardware, budget_bytes)
+        return _within_host_memory(workload, hardware, budget_bytes, planner(
+            workload, hardware.replace(pinned_host_bytes=None), budget_bytes))
 
 
 def _within_host_memory(workload: Workload, hardware: Hardware, budget_bytes: int, plan: Plan) -> Plan:

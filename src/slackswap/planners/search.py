@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -39,6 +40,22 @@ from .common import Candidate, Facts, build, evaluate, facts_for, memo_key
 # and the floor sums them with fsum, so the two can differ in the last bits (a few hundred
 # roundings of 1e-16 each); a floor over the cutoff by more than this cannot be float noise.
 STEP_FLOOR_MARGIN = 1e-9
+
+
+_SHARED: list[dict] = []
+
+
+@contextmanager
+def shared_simulations():
+    """Within it, the searches of the same workload, link and budget share one memo, so a plan one
+    planner simulated is not simulated again by another: `slackswap` runs the other heuristics as
+    starts (rule 6), and recompute-optimal sizes the same recompute-only family as its rule 1.
+    registry.plan_workload opens one per call, so the memo lives as long as the call."""
+    _SHARED.append({})
+    try:
+        yield
+    finally:
+        _SHARED.pop()
 
 
 @dataclass(eq=False)
@@ -69,6 +86,12 @@ class Search:
 
     def __post_init__(self) -> None:
         self.facts = facts_for(self.workload)
+        if _SHARED:  # inside a planning call: one memo for its searches of this workload, link and budget
+            key = (id(self.workload), self.hardware, self.budget_bytes)
+            held = _SHARED[-1].get(key)
+            if held is None or held[0] is not self.workload:
+                held = _SHARED[-1][key] = (self.workload, self.memo)
+            self.memo = held[1]
 
     def plan(self, actions: Mapping[str, Action], *, prefetch_step: Mapping[str, int] | None = None,
              info: Mapping[str, Any] | None = None) -> Plan:
