@@ -55,7 +55,7 @@ def cheapest_per_byte(facts: Facts, names: Iterable[str], need_bytes: int) -> li
 
 
 _MEMOS: dict[int, tuple[Facts, dict]] = {}
-_MEMO_ENTRIES = 512  # answers kept per workload and kind: a planning call asks for a few dozen
+_MEMO_ENTRIES = 128  # answers kept per workload and kind: a planning call asks for a few dozen
 
 
 def workload_memo(facts: Facts, kind: str) -> dict:
