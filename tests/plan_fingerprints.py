@@ -8,10 +8,11 @@ fields) and of the simulated step time, peak and traffic under the budget, writt
 tests/data/plan-fingerprints.json; ``--check`` compares every case with it (minutes: the
 whole grid); tests/test_plan_fingerprints.py compares a quick subset in the suite.
 
-The table was recorded at commit 3a45c8d on the workloads of that time (the profiled fixtures
-added since have no entries: ``--write --only NAME`` adds them); the subset the suite checks
-was re-recorded where a later planner change meant to change plans (its commit says which).
-Other entries of such policies can be stale until the whole grid is recorded again.
+The table holds every case of the grid: it was recorded at commit 3a45c8d on the workloads of
+that time, and the profiled fixtures added since were recorded with ``--write --only NAME``
+(which merges into the table). Cases were re-recorded where a later planner change meant to
+change plans (its commit says which); ``--check`` over the whole grid matched every entry when
+the last missing ones were added. Workloads added later need ``--write --only NAME`` too.
 """
 
 from __future__ import annotations
