@@ -4,8 +4,9 @@ For each model (the three example models and Hugging Face GPT-2, Llama, BERT and
 the small configs of tests/profiled/make_fixtures.py, train mode, CPU) and each budget
 0.2-0.8 of ``torch._functorch.config.activation_memory_budget``:
 
-- torch: the model compiled with ``torch.compile(backend="aot_eager_decomp_partition")`` under
-  that budget (its min-cut partitioner with the knapsack over what to recompute);
+- torch: the model compiled like ``torch.compile(backend="aot_eager_decomp_partition")`` under
+  that budget (its decompositions and its min-cut partitioner with the knapsack over what to
+  recompute; vs_torch_compiled.py wraps the partition function to read what it saves);
 - slackswap's recompute-only plan (`recompute-optimal`) and mixed plan (`slackswap`), planned
   for a budget in bytes equal to what torch's plan holds for backward (so both sides are compared
   at equal bytes held; slackswap's budget bounds its peak of saved bytes, which is at least what
@@ -13,7 +14,13 @@ the small configs of tests/profiled/make_fixtures.py, train mode, CPU) and each 
 - the recompute-only plan of slackswap's recompute space that re-runs the fewest FLOPs it finds
   within the same budget (``recompute_space.frontier_descent(..., objective="flops")``, torch's
   knapsack objective), so that the table separates what slackswap's objective (simulated time)
-  chooses from what its recompute space allows.
+  chooses from what its recompute space allows;
+- the compiled path (``--paths compiled``, vs_torch_compiled.py): the same three plans made by
+  slackswap's own partition function on the joint graph torch partitions (``saved_set="min-cut"``:
+  the candidates are what PyTorch's min-cut partitioner saves with no matmul re-run), each graph
+  planned for the bytes torch's forward saves in that graph (its activations and step inputs);
+  torch's plan simulated on the same workload; and `recompute-optimal` for the peak torch's plan
+  reaches in that simulation (a budget torch's plan meets in slackswap's model).
 
 Measured in the same process, one step each: the bytes held for backward when the forward pass
 ends (torch: the distinct storages its compiled function saves, by saved-tensor hooks, less the
@@ -28,7 +35,8 @@ what torch holds at budget 1.0 and slackswap's keep-all bytes and minimum budget
 Writes a markdown table to benchmarks/results/vs-torch-budget.md (or ``--out``). The whole grid
 is long on a small machine, so it can be run a model at a time: ``--rows FILE`` saves the rows
 of one run as JSON, and ``--merge FILE,FILE,...`` writes the table from saved rows without
-running anything. The committed table is every model at ``--budgets 0.2,0.4,0.6,0.8``.
+running anything (rows of one model and budget from runs of different ``--paths`` are joined). The
+committed table is every model at ``--budgets 0.2,0.4,0.6,0.8``.
 
     PYTHONPATH=src python benchmarks/vs_torch_budget.py [--models example-gpt2,hf-gpt2] [--budgets 0.3,0.5]
     PYTHONPATH=src python benchmarks/vs_torch_budget.py --models hf-bert --rows /tmp/hf-bert.json
@@ -219,6 +227,7 @@ def _compiled_columns(maker, torch_graphs) -> dict:
                "torch_throughput": None if None in timelines else compiled_path.step_throughput_pct(timelines)}
     for policy in POLICIES:
         columns[f"compiled {policy}"] = compiled_step(maker, policy, shares)
+    columns[f"compiled {compiled_path.HOLDING}"] = compiled_step(maker, compiled_path.HOLDING, shares)
     columns[f"compiled {AT_PEAK}"] = ("torch's plan not in the space" if None in timelines else
                                       compiled_step(maker, "recompute-optimal", [t.peak_memory_bytes for t in timelines]))
     return columns
@@ -277,19 +286,27 @@ def _table(rows, elapsed_s: float) -> str:
         "slackswap's own partition function (`slackswap.compiled.partition.PlanningPartitioner`, "
         "`saved_set=\"min-cut\"`) on the joint graph torch partitions (the decompositions of "
         "`aot_eager_decomp_partition`): its plans choose among the tensors PyTorch's min-cut partitioner saves "
-        "with no matmul re-run (`slackswap.compiled.min_cut`), planned for torch's bytes held at that row. Bytes held: "
+        "with no matmul re-run (`slackswap.compiled.min_cut`), each graph planned for the bytes torch's forward "
+        "saves in it (activations and step inputs; the step inputs are the batch or, after a graph break, the "
+        "previous graph's outputs). Bytes held: "
         "distinct activation storages the compiled forward saves (torch: by saved-tensor hooks as above; slackswap: "
         "the partition's saved layout, so that the RNG states of replayed dropouts, 5,056 bytes each for a CPU "
         "generator, and swapped tensors' host copies are left out). Backward FLOPs: FlopCounterMode around "
         "loss.backward(), both sides as a change from slackswap's keep-all plan on the same graph (nothing "
         "recomputed that counts FLOPs). Throughput: simulated on a100-80gb-pcie4 on the graph's workload; torch's "
-        "plan simulated as its saved set (saved candidates kept, the others recomputed). keep-all: planned as "
-        "the keep-all plan where torch's bytes are at least its peak.",
+        "plan simulated as its saved set (saved candidates kept, the others recomputed; - where it saves a "
+        "tensor that is no candidate). recompute-optimal holding torch's bytes: its plan for the largest budget "
+        "(bisected, 10 steps) whose kept tensors and step inputs, what it holds when the forward pass ends, are at "
+        "most torch's bytes in that graph, so that both hold the same. recompute-optimal at torch's peak: planned, graph by graph, for the peak "
+        "torch's plan reaches in that simulation, which counts the backward's rebuilt tensors too (a budget torch's "
+        "plan meets in slackswap's model). Where the budget is at least the keep-all plan's peak, the keep-all plan "
+        "is used.",
         "",
         "| model | torch budget | torch held | torch bwd FLOPs | torch simulated | recompute-optimal held | its bwd "
         "FLOPs | its throughput | slackswap held | its bwd FLOPs | its throughput | least-FLOPs held | its bwd "
-        "FLOPs | its throughput | recompute-optimal at torch's peak: held | its bwd FLOPs | its throughput |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "FLOPs | its throughput | recompute-optimal holding torch's bytes: held | its bwd FLOPs | its throughput | "
+        "recompute-optimal at torch's peak: held | its bwd FLOPs | its throughput |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         if "compiled_keep_flops" not in row:
@@ -298,7 +315,7 @@ def _table(rows, elapsed_s: float) -> str:
         extra = 100.0 * (row["torch_flops"] - base) / base if base else math.nan
         simulated = "-" if row["torch_throughput"] is None else f"{row['torch_throughput']:.2f} %"
         cells = " | ".join(_cell(row[f"compiled {policy}"], row, "compiled_keep_flops")
-                           for policy in (*POLICIES, AT_PEAK))
+                           for policy in (*POLICIES, compiled_path.HOLDING, AT_PEAK))
         lines.append(f"| {row['model']} | {row['budget']:.1f} | {row['torch_held'] / 1024:.1f} KiB | {extra:+.1f} % | "
                      f"{simulated} | {cells} |")
     lines += [

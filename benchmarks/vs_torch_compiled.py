@@ -34,6 +34,7 @@ from slackswap.compiled.graph_workload import build_graph_workload
 from slackswap.compiled.min_cut import in_forward, plan_of_saved_set, zero_flop_cut
 from slackswap.compiled.partition import PlanningPartitioner
 from slackswap.errors import BudgetError
+from slackswap.plans import Action
 from slackswap.schedule import make_plan
 from slackswap.sim import simulate
 
@@ -149,6 +150,38 @@ def slackswap_step(model, batch, loss_fn, make, hardware, excluded: set[int]):
     return held, flops, step_throughput_pct(timelines), partitioner.graphs
 
 
+HOLDING = "recompute-optimal holding torch's bytes"
+HOLDING_STEPS = 10
+"""Bisection steps of ``holding_plan`` (the budget to 1/1024 of the range searched)."""
+
+
+def holding_plan(workload, held_bytes: int, hardware):
+    """`recompute-optimal`'s plan for the largest budget (bisected, HOLDING_STEPS steps) whose kept
+    tensors and step inputs, what it holds when the forward pass ends, are at most ``held_bytes``:
+    slackswap's budget bounds the peak over the whole step, torch's figure is what it holds at the
+    boundary, so this is the plan that holds what torch holds."""
+    from slackswap.planners import minimum_budget_bytes
+    from slackswap.sim import simulate_ideal
+
+    inputs = sum(t.size_bytes for t in workload.saved_tensors if t.producer is None)
+    low, high = minimum_budget_bytes(workload), simulate_ideal(workload, hardware).peak_memory_bytes
+    best = None
+    for _ in range(HOLDING_STEPS):
+        middle = (low + high) // 2
+        try:
+            plan = slackswap.plan(workload, budget=middle, policy="recompute-optimal", hardware=hardware)
+        except BudgetError:
+            low = middle
+            continue
+        if plan.bytes_with(workload, Action.KEEP) + inputs <= held_bytes:
+            best, low = plan, middle
+        else:
+            high = middle
+    if best is None:
+        raise NoPlan("none found")
+    return best
+
+
 def plan_maker(policy: str, budgets_bytes: list[int], hardware, least_flops_plan):
     """A PlanFn: for the i-th graph compiled, ``policy``'s plan for ``budgets_bytes[i]``, the keep-all
     plan where everything fits, NoPlan below the least any plan holds."""
@@ -162,6 +195,8 @@ def plan_maker(policy: str, budgets_bytes: list[int], hardware, least_flops_plan
         made.append(workload.name)
         if budget_bytes >= simulate_ideal(workload, hardware).peak_memory_bytes or policy == "keep-all":
             return make_plan(workload, {}, policy="ideal", budget_bytes=None)
+        if policy == HOLDING:  # a bound on what it holds at the boundary, not on its peak
+            return holding_plan(workload, budget_bytes, hardware)
         if budget_bytes < minimum_budget_bytes(workload):
             raise NoPlan("below minimum")
         if policy == "least-flops":

@@ -105,9 +105,22 @@ def test_recomputing_the_matmul_output_reruns_the_matmul_once():
     assert graph.graph_recompute_flops == graph.plan_recompute_flops == matmul_flops
 
 
+def test_slackswap_compile_plans_on_the_min_cut_set():
+    # aot_eager: GELU stays one op (no decompositions), re-run in backward from the matmul output.
+    x = torch.randn(BATCH, WIDTH, generator=torch.Generator().manual_seed(1))
+    compiled = slackswap.compile(_mlp(), x, _mlp_loss, hardware=HARDWARE, budget=1.0, saved_set="min-cut",
+                                 backend="aot_eager")
+    (graph,) = compiled.slackswap.graphs
+    assert graph.workload.meta["saved_set"] == "min-cut"
+    assert _activation_bytes(graph) == BATCH * HIDDEN * FLOAT_BYTES
+    assert graph.graph_recompute_flops == 0
+
+
 def test_unknown_saved_set_is_a_typed_error():
-    with pytest.raises(ValidationError, match="saved_set"):
+    with pytest.raises(ValidationError, match="saved_set 'everything' is not one of autograd, min-cut"):
         PlanningPartitioner(HARDWARE, _keep_all, name="mlp", saved_set="everything")
+    with pytest.raises(ValidationError, match="saved_set 'everything' is not one of autograd, min-cut"):
+        slackswap.compile(_mlp(), hardware=HARDWARE, saved_set="everything")
 
 
 SMALL = ExampleConfig(layers=2, hidden=16, heads=2, ffn=32, seq_len=8, vocab=32)

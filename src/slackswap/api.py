@@ -273,19 +273,21 @@ def fit(
 
 def compile(model: Any, batch: Any = None, loss_fn: Any = None, *, hardware: Hardware | str = DEFAULT_HARDWARE,
             budget: float | int | str = 0.5, policy: str = "slackswap", plan: Plan | list[Plan] | None = None,
-            backend: str = "inductor", **compile_kwargs: Any):
+            backend: str = "inductor", saved_set: str = "autograd", **compile_kwargs: Any):
     """``torch.compile(model)`` with each compiled graph planned and the plan carried out by the
     partitioner (needs the torch extra). Use the result in place of ``torch.compile(model)``.
 
     Each graph's forward nodes form its workload (times from the roofline on ``hardware``); the plan
     (``policy`` within ``budget``, or ``plan=`` made for those workloads) becomes recompute tags and
-    offload marks. With ``batch`` and ``loss_fn`` one step is compiled now and its effects undone
-    (gradients, buffers, RNG). ``compiled.slackswap`` lists each graph's workload and plan
-    (docs/runtime.md, The compiled path)."""
+    offload marks. ``saved_set``: the tensors a plan chooses among, "autograd" (what the derivative
+    formulas read) or "min-cut" (what PyTorch's min-cut partitioner saves with no matmul re-run; a
+    plan then keeps, say, a matmul output and re-runs the pointwise ops after it in backward). With
+    ``batch`` and ``loss_fn`` one step is compiled now and its effects undone (gradients, buffers,
+    RNG). ``compiled.slackswap`` lists each graph's workload and plan (docs/runtime.md, The compiled path)."""
     from .errors import require
 
     require("torch", "torch", "compiling a PyTorch model under a plan")
     from .compiled.compile import compile_with_plan
 
     return compile_with_plan(model, batch, loss_fn, hardware=hardware, budget=budget, policy=policy, plan=plan,
-                             backend=backend, plan_fn=_plan_fn, **compile_kwargs)
+                             backend=backend, saved_set=saved_set, plan_fn=_plan_fn, **compile_kwargs)

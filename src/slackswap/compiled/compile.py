@@ -12,7 +12,7 @@ from ..errors import BudgetError, BudgetWarning, SlackswapError, ValidationError
 from ..hardware import Hardware
 from ..plans import Plan
 from ..workload import Workload
-from .partition import CompiledGraph, PlanningPartitioner, make_backend, plan_lookup
+from .partition import SAVED_SETS, CompiledGraph, PlanningPartitioner, make_backend, plan_lookup
 
 BACKENDS = ("inductor", "aot_eager")
 
@@ -40,7 +40,8 @@ class CompiledPlans:
 def compile_with_plan(model: torch.nn.Module, batch: Any = None, loss_fn: Any = None, *,
                       hardware: Hardware | str, budget: float | int | str = 0.5, policy: str = "slackswap",
                       plan: Plan | Sequence[Plan] | None = None, backend: str = "inductor",
-                      plan_fn: Callable[..., Plan], **compile_kwargs: Any) -> torch.nn.Module:
+                      saved_set: str = "autograd", plan_fn: Callable[..., Plan],
+                      **compile_kwargs: Any) -> torch.nn.Module:
     # plan_fn is slackswap.plan, passed in by slackswap.compile so that this module does not
     # import the API that imports it.
     from ..hardware import get_hardware
@@ -48,6 +49,8 @@ def compile_with_plan(model: torch.nn.Module, batch: Any = None, loss_fn: Any = 
     hw = get_hardware(hardware)
     if backend not in BACKENDS:
         raise ValidationError(f"backend {backend!r} is not supported by slackswap.compile: use one of {', '.join(BACKENDS)}")
+    if saved_set not in SAVED_SETS:
+        raise ValidationError(f"saved_set {saved_set!r} is not one of {', '.join(SAVED_SETS)}")
     if compile_kwargs.get("dynamic"):
         raise ValidationError("slackswap.compile plans each input shape on its own: drop dynamic=True "
                               "(each new shape compiles and plans one more graph)")
@@ -64,7 +67,7 @@ def compile_with_plan(model: torch.nn.Module, batch: Any = None, loss_fn: Any = 
             return plan_fn(workload, hw, _graph_share(workload, hw, budget), policy)
 
     sharded = _fsdp_buffers_are_state(model)
-    partitioner = PlanningPartitioner(hw, make, name=type(model).__name__, unit_graphs=sharded)
+    partitioner = PlanningPartitioner(hw, make, name=type(model).__name__, unit_graphs=sharded, saved_set=saved_set)
     compiled = torch.compile(model, backend=make_backend(partitioner, backend), **compile_kwargs)
     object.__setattr__(compiled, "slackswap", CompiledPlans(partitioner))
     if batch is not None and loss_fn is not None:
