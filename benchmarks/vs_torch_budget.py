@@ -221,9 +221,9 @@ def _compiled_columns(maker, torch_graphs) -> dict:
     """The compiled path's columns of one row: slackswap's plans for torch's bytes held, graph by graph,
     and `recompute-optimal` for the peak torch's plan reaches in slackswap's model where it is one of
     the workload's plans."""
-    timelines = [timeline for _, timeline in torch_graphs]
-    shares = [max(1, share) for share, _ in torch_graphs]
-    columns = {"torch_graph_held": shares,
+    timelines = [timeline for _, timeline, _ in torch_graphs]
+    shares = compiled_path.shared_budgets(torch_graphs)
+    columns = {"torch_graph_held": [share for share, _, _ in torch_graphs], "graph_budgets": shares,
                "torch_throughput": None if None in timelines else compiled_path.step_throughput_pct(timelines)}
     for policy in POLICIES:
         columns[f"compiled {policy}"] = compiled_step(maker, policy, shares)

@@ -106,14 +106,29 @@ def torch_step(model, batch, loss_fn, budget: float, hardware, excluded: set[int
     return held, flops, [_graph_saved(graph_workload, saved, hardware) for graph_workload, saved in seen]
 
 
+def shared_budgets(graphs) -> list[int]:
+    """Each graph's budget: torch's bytes in it, raised to the least any plan of it reaches where they are
+    below (a loss graph whose rebuilt tensors torch does not count at the boundary), the raise taken from
+    the largest graph's, so that the budgets add up to torch's bytes."""
+    shares = [max(1, share) for share, _, _ in graphs]
+    budgets = [max(share, minimum) for share, (_, _, minimum) in zip(shares, graphs)]
+    largest = max(range(len(budgets)), key=budgets.__getitem__)
+    budgets[largest] -= sum(budgets) - sum(shares)
+    return budgets
+
+
 def _graph_saved(graph_workload, saved_names, hardware):
     """(bytes of the activations and step inputs the graph saves, the simulation of its saved set as a
-    plan of the workload, or None where it saves an activation that is no candidate)."""
+    plan of the workload or None where it saves an activation that is no candidate, the least budget
+    any plan of the workload reaches)."""
+    from slackswap.planners import minimum_budget_bytes
+
     workload = graph_workload.workload
     storages = {graph_workload.storage_of_node[n] for n in saved_names if n in graph_workload.storage_of_node}
     held = sum(workload.size_bytes_of[s] for s in storages)  # step inputs too: slackswap's peak counts them
     plan = plan_of_saved_set(graph_workload, saved_names)
-    return held, None if plan is None else simulate(workload, hardware, plan, check=False)
+    return (held, None if plan is None else simulate(workload, hardware, plan, check=False),
+            minimum_budget_bytes(workload))
 
 
 def step_throughput_pct(timelines) -> float:
@@ -156,25 +171,31 @@ HOLDING_STEPS = 10
 
 
 def holding_plan(workload, held_bytes: int, hardware):
-    """`recompute-optimal`'s plan for the largest budget (bisected, HOLDING_STEPS steps) whose kept
-    tensors and step inputs, what it holds when the forward pass ends, are at most ``held_bytes``:
+    """`recompute-optimal`'s plan for the largest budget (bisected, HOLDING_STEPS steps from the
+    least any plan reaches) whose kept tensors and step inputs, what it holds when the forward pass
+    ends, are at most ``held_bytes`` (a refusal counts as not holding them):
     slackswap's budget bounds the peak over the whole step, torch's figure is what it holds at the
     boundary, so this is the plan that holds what torch holds."""
     from slackswap.planners import minimum_budget_bytes
     from slackswap.sim import simulate_ideal
 
     inputs = sum(t.size_bytes for t in workload.saved_tensors if t.producer is None)
+
+    def holding(budget):
+        """(the plan if it holds at most held_bytes, whether the policy refused the budget)."""
+        try:
+            plan = slackswap.plan(workload, budget=budget, policy="recompute-optimal", hardware=hardware)
+        except BudgetError:
+            return None, True
+        return (plan if plan.bytes_with(workload, Action.KEEP) + inputs <= held_bytes else None), False
+
     low, high = minimum_budget_bytes(workload), simulate_ideal(workload, hardware).peak_memory_bytes
-    best = None
+    best, _ = holding(low)
     for _ in range(HOLDING_STEPS):
         middle = (low + high) // 2
-        try:
-            plan = slackswap.plan(workload, budget=middle, policy="recompute-optimal", hardware=hardware)
-        except BudgetError:
-            low = middle
-            continue
-        if plan.bytes_with(workload, Action.KEEP) + inputs <= held_bytes:
-            best, low = plan, middle
+        plan, refused = holding(middle)
+        if plan is not None or refused:  # refused: recompute-only plans need more; look higher
+            best, low = plan or best, middle
         else:
             high = middle
     if best is None:

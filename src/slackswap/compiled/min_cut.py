@@ -99,13 +99,16 @@ def cut_sources(forward_nodes: Sequence[fx.Node], cut: frozenset[str]) -> dict[s
 def plan_of_saved_set(graph_workload, saved: set[str], *, policy: str = "torch"):
     """The recompute-only Plan of ``graph_workload`` (built with a cut) that keeps what a partition
     saves (forward node names, as ``in_forward`` returns them) and recomputes the other candidates;
-    None where the partition saves an activation that is no candidate (then no plan says the same)."""
+    None where the partition saves an activation that is no candidate (then no plan says the same),
+    other than a constant."""
     from ..plans import Action
     from ..schedule import make_plan
 
     workload = graph_workload.workload
     storages = {graph_workload.storage_of_node[n] for n in saved if n in graph_workload.storage_of_node}
-    if storages - {t.name for t in workload.saved_tensors}:
+    others = storages - {t.name for t in workload.saved_tensors}
+    # A constant (an op with no inputs, as scalar_tensor) is made again from nothing wherever it is not saved.
+    if any(workload.ops[workload.op_index[workload.tensor_by_name[s].producer]].inputs for s in others):
         return None
     actions = {t.name: Action.KEEP if t.name in storages else Action.RECOMPUTE
                for t in workload.saved_tensors if t.producer is not None}
