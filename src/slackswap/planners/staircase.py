@@ -31,27 +31,38 @@ def lower_envelope(a: Staircase, b: Staircase) -> Staircase:
     old: table[b] = new`` does); equal neighbouring runs are merged."""
     sa, va = a
     sb, vb = b
-    na, nb = len(sa), len(sb)
-    starts: list[int] = []
-    values: list[float] = []
-    i = j = 0
-    at = 0
     end = sa[-1] + sb[-1] + 1  # past every start
+    ends_a = sa[1:]  # each run's end: the next run's start, ``end`` for the last
+    ends_a.append(end)
+    ends_b = sb[1:]
+    ends_b.append(end)
+    x, y = va[0], vb[0]
+    last = y if y < x else x
+    starts, values = [0], [last]
+    i = j = 0
+    next_a, next_b = ends_a[0], ends_b[0]
     while True:
+        if next_a < next_b:
+            at = next_a
+            i += 1
+            next_a = ends_a[i]
+        elif next_b < next_a:
+            at = next_b
+            j += 1
+            next_b = ends_b[j]
+        elif next_a == end:
+            return starts, values
+        else:
+            at = next_a
+            i += 1
+            j += 1
+            next_a, next_b = ends_a[i], ends_b[j]
         x, y = va[i], vb[j]
         v = y if y < x else x
-        if not values or v != values[-1]:
+        if v != last:
             starts.append(at)
             values.append(v)
-        next_a = sa[i + 1] if i + 1 < na else end
-        next_b = sb[j + 1] if j + 1 < nb else end
-        at = next_a if next_a < next_b else next_b
-        if at == end:
-            return starts, values
-        if next_a == at:
-            i += 1
-        if next_b == at:
-            j += 1
+            last = v
 
 
 def to_table(stairs: Staircase, cap: int) -> list[float]:
