@@ -208,3 +208,32 @@ def test_a_plan_whose_regions_name_an_unknown_op_or_disagree_with_its_groups_is_
         check_plan(w, dataclasses.replace(plain, recompute_regions=(("op1", "op2"),)))
     with pytest.raises(PlanMismatchError, match="recompute_regions"):
         make_plan(w, {}, policy="hand", budget_bytes=None, recompute_regions=[("nope",)])
+
+
+def test_remembered_groups_and_full_actions_give_what_the_plain_computation_gives():
+    """derive_schedule reuses RecomputeGroups made for earlier plans, and first_need_step takes a
+    complete actions dict as it is: on random plans the schedule equals one built from fresh groups
+    and the need steps equal those of the partial actions (unnamed tensors kept)."""
+    import random
+
+    from slackswap import schedule as schedule_module
+    from slackswap.hardware import PRESETS
+    from slackswap.plans import RecomputeGroup
+    from slackswap.workloads.models import build_model_workload
+
+    hw = PRESETS["a100-80gb-pcie4"]
+    workload = build_model_workload("gpt2-xl", hw, layers=2)
+    names = [t.name for t in workload.saved_tensors if t.producer is not None]
+    rng = random.Random(3)
+    grouped = 0
+    for _ in range(40):
+        partial = {n: rng.choice([S, R]) for n in names if rng.random() < 0.4}
+        plan = make_plan(workload, partial, policy="test", budget_bytes=None, hardware=hw)
+        n = len(workload.ops)
+        fresh = sorted((RecomputeGroup(n - 1 - workload.op_index[before], before, tuple(ops))
+                        for before, ops in plan.recompute_groups.items()), key=lambda g: g.step)
+        assert plan.schedule.recompute_groups == tuple(fresh)
+        grouped += bool(fresh)
+        assert schedule_module._GROUPS_MADE  # the groups are remembered, and the next plans reuse them
+        assert first_need_step(workload, full(workload, partial)) == first_need_step(workload, partial)
+    assert grouped > 20
