@@ -377,3 +377,45 @@ def test_explicit_budget_overrides_the_plans_budget():
     assert simulate(w, link(), plan).budget_bytes == 10**6
     with pytest.raises(InfeasiblePlanError):
         simulate(w, link(), plan, 150)
+
+
+def test_shared_setup_gives_the_tasks_and_waits_of_the_plain_computation():
+    """The simulator shares per-workload tasks and reader lists between runs (simulator._setup_of):
+    on random plans its tasks and the swapped tensors each op waits for equal those made afresh from
+    the plan, as the simulator made them before, and the timeline equals a run with nothing shared."""
+    import math
+    import random
+
+    from slackswap.hardware import PRESETS
+    from slackswap.plans import Action
+    from slackswap.schedule import make_plan
+    from slackswap.sim import simulator as sim_module
+    from slackswap.workloads.models import build_model_workload
+
+    hw = PRESETS["a100-80gb-pcie4"]
+    workload = build_model_workload("llama-7b", hw, layers=2)
+    n = len(workload.ops)
+    names = [t.name for t in workload.saved_tensors if t.producer is not None]
+    rng = random.Random(11)
+    grouped = swapped_any = 0
+    for _ in range(30):
+        actions = {t: rng.choice([Action.SWAP, Action.RECOMPUTE]) for t in names if rng.random() < 0.4}
+        plan = make_plan(workload, actions, policy="test", budget_bytes=None, hardware=hw)
+        run = sim_module._Simulation(workload, hw, plan, math.inf)
+        groups = plan.schedule.group_at_step()
+        plain = [("forward", i, -1, False, False) for i in range(n)]
+        for k in range(n):
+            group = groups[k].ops if k in groups else ()
+            plain += [("recompute", workload.op_index[g], k, j == 0, j == len(group) - 1) for j, g in enumerate(group)]
+            plain.append(("backward", n - 1 - k, k, not group, False))
+        assert [(t.kind, t.op_index, t.step, t.first_of_step, t.last_of_group) for t in run.tasks] == plain
+        swapped = {t for t, a in plan.actions.items() if a is Action.SWAP}
+        assert run.swapped_bwd_reads == [tuple(t for t in workload.bwd_reads[op.name] if t in swapped)
+                                         for op in workload.ops]
+        assert run.swapped_inputs == [tuple(t for t in op.inputs if t in swapped) for op in workload.ops]
+        shared = simulate(workload, hw, plan, math.inf)
+        sim_module._SETUPS.clear()
+        assert simulate(workload, hw, plan, math.inf) == shared
+        grouped += bool(groups)
+        swapped_any += any(run.swapped_inputs) and any(run.swapped_bwd_reads)
+    assert grouped > 15 and swapped_any > 15

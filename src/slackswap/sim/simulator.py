@@ -51,6 +51,48 @@ class _Copy:
     generation: int = 0
 
 
+@dataclass(frozen=True)
+class _Setup:
+    """What every simulation of one workload starts from, whatever the plan."""
+
+    step_inputs: list[str]
+    forward_tasks: tuple[_Task, ...]
+    backward_tasks: tuple[tuple[_Task, _Task], ...]  # per step: first of its step, after a group
+    bwd_readers: dict[str, tuple[int, ...]]  # per saved tensor, the ops whose backward reads it
+    fwd_readers: dict[str, tuple[int, ...]]  # per tensor, the ops that take it as an input
+
+
+_SETUPS: dict[int, tuple[Workload, _Setup]] = {}
+
+
+def _setup_of(workload: Workload) -> _Setup:
+    """The workload's _Setup, made once while it is kept (for at most 16 workloads, as the planners'
+    facts are): a planning call simulates the same workload dozens of times."""
+    held = _SETUPS.get(id(workload))
+    if held is not None and held[0] is workload:
+        return held[1]
+    n = len(workload.ops)
+    bwd_readers: dict[str, list[int]] = {}
+    fwd_readers: dict[str, list[int]] = {}
+    for i, op in enumerate(workload.ops):
+        for t in workload.bwd_reads[op.name]:
+            bwd_readers.setdefault(t, []).append(i)
+        for t in op.inputs:
+            fwd_readers.setdefault(t, []).append(i)
+    setup = _Setup(
+        step_inputs=[t.name for t in workload.tensors if t.producer is None and t.is_saved],
+        forward_tasks=tuple(_Task(_FORWARD, i, -1) for i in range(n)),
+        backward_tasks=tuple((_Task(_BACKWARD, op_of_backward_step(n, k), k, True),
+                              _Task(_BACKWARD, op_of_backward_step(n, k), k, False)) for k in range(n)),
+        bwd_readers={t: tuple(v) for t, v in bwd_readers.items()},
+        fwd_readers={t: tuple(v) for t, v in fwd_readers.items()},
+    )
+    if len(_SETUPS) > 16:
+        _SETUPS.clear()
+    _SETUPS[id(workload)] = (workload, setup)
+    return setup
+
+
 class _Simulation:
     # What a run changes as it goes (everything else is set up once and shared by a fork's copy).
     _RUN_STATE = ("present", "events", "memory", "group_allocs", "trigger_s", "d2h_queue", "d2h_done", "queued_s",
@@ -70,17 +112,23 @@ class _Simulation:
         self.budget = budget_bytes
         self.size = workload.size_bytes_of
         self.saved_outputs = workload.saved_outputs
-        self.step_inputs = [t.name for t in workload.tensors if t.producer is None and t.is_saved]
+        setup = _setup_of(workload)
+        self.step_inputs = setup.step_inputs
         n = len(workload.ops)
         self.n = n
-        self.tasks = self._build_tasks()
+        self.tasks = self._build_tasks(setup)
         self.n_tasks = len(self.tasks)
         # Per op, the swapped tensors its backward reads and its forward inputs: what a backward or
-        # recompute task may wait for (looked up once per simulation, not once per try).
+        # recompute task may wait for (looked up once per simulation, not once per try). Only the
+        # ops that read a swapped tensor are looked at; the others wait for nothing.
         swapped = {name for name, a in plan.actions.items() if a is Action.SWAP}
-        self.swapped_bwd_reads = [tuple(t for t in workload.bwd_reads[op.name] if t in swapped)
-                                  for op in workload.ops]
-        self.swapped_inputs = [tuple(t for t in op.inputs if t in swapped) for op in workload.ops]
+        ops, bwd_reads = workload.ops, workload.bwd_reads
+        self.swapped_bwd_reads = [()] * n
+        for i in sorted({i for t in swapped for i in setup.bwd_readers.get(t, ())}):
+            self.swapped_bwd_reads[i] = tuple(t for t in bwd_reads[ops[i].name] if t in swapped)
+        self.swapped_inputs = [()] * n
+        for i in sorted({i for t in swapped for i in setup.fwd_readers.get(t, ())}):
+            self.swapped_inputs[i] = tuple(t for t in ops[i].inputs if t in swapped)
         self.heap: list = []
         self.seq = 0
         self.now = 0.0
@@ -127,17 +175,24 @@ class _Simulation:
         self.stall_memory = 0.0
 
     # ---- setup ----------------------------------------------------------------------
-    def _build_tasks(self) -> list[_Task]:
-        tasks = [_Task(_FORWARD, i, -1) for i in range(self.n)]
+    def _build_tasks(self, setup: "_Setup") -> list[_Task]:
+        # Tasks are never changed once made, so the forward and backward ones are shared by every
+        # simulation of the workload (a backward task comes in two: first of its step or not).
+        tasks = list(setup.forward_tasks)
         groups = self.plan.schedule.group_at_step()
-        for k in range(self.n):
-            op_i = op_of_backward_step(self.n, k)
-            group = groups[k].ops if k in groups else ()
-            first = True
+        if not groups:
+            tasks.extend(first for first, _ in setup.backward_tasks)
+            return tasks
+        op_index = self.w.op_index
+        for k, (alone, after_group) in enumerate(setup.backward_tasks):
+            if k not in groups:
+                tasks.append(alone)
+                continue
+            group = groups[k].ops
+            last = len(group) - 1
             for j, name in enumerate(group):
-                tasks.append(_Task(_RECOMPUTE, self.w.op_index[name], k, first, j == len(group) - 1))
-                first = False
-            tasks.append(_Task(_BACKWARD, op_i, k, first))
+                tasks.append(_Task(_RECOMPUTE, op_index[name], k, j == 0, j == last))
+            tasks.append(after_group if group else alone)
         return tasks
 
     # ---- memory -----------------------------------------------------------------------
