@@ -419,3 +419,57 @@ def test_shared_setup_gives_the_tasks_and_waits_of_the_plain_computation():
         grouped += bool(groups)
         swapped_any += any(run.swapped_inputs) and any(run.swapped_bwd_reads)
     assert grouped > 15 and swapped_any > 15
+
+
+def test_copy_free_loop_matches_the_event_loop():
+    """A plan that copies nothing runs in _run_copy_free's own loop: on random recompute-only plans
+    and budgets (some too small, some binding, with and without a fork) its timeline, tensor log,
+    errors and fork's resumed run equal those of the event loop every plan can run in."""
+    import math
+    import random
+
+    from slackswap.errors import InfeasiblePlanError
+    from slackswap.hardware import PRESETS
+    from slackswap.plans import Action
+    from slackswap.schedule import make_plan
+    from slackswap.sim import simulator as sim_module
+    from slackswap.workloads.models import build_model_workload
+
+    def outcome(plan, budget, lift_to, event_loop):
+        log: list = []
+        run = sim_module._Simulation(workload, hw, plan, budget, log, lift_to=lift_to)
+        try:
+            if event_loop:
+                run._alloc(list(run.step_inputs))
+                if run.mem > run.budget and not run._lift_budget():
+                    run._raise_over_inputs()
+                run._dispatch()
+                run._run_events()
+            else:
+                run.run()
+        except InfeasiblePlanError as exc:
+            return ("infeasible", str(exc), log)
+        forked = None
+        if run.fork is not None:
+            try:
+                run.fork.resume()
+                forked = sim_module._timeline(run.fork, budget, None)
+            except InfeasiblePlanError as exc:
+                forked = str(exc)
+        return (sim_module._timeline(run, budget, None), forked, log)
+
+    hw = PRESETS["a100-80gb-pcie4"]
+    workload = build_model_workload("llama-7b", hw, layers=2)
+    peak = simulate_ideal(workload, hw).peak_memory_bytes
+    names = [t.name for t in workload.saved_tensors if t.producer is not None]
+    rng = random.Random(4)
+    kinds = {"infeasible": 0, "forked": 0, "fits": 0}
+    for _ in range(40):
+        actions = {t: Action.RECOMPUTE for t in names if rng.random() < rng.choice([0.2, 0.6, 0.9])}
+        plan = make_plan(workload, actions, policy="test", budget_bytes=None, hardware=hw)
+        budget = int(peak * rng.uniform(0.3, 1.1))
+        for lift_to in (None, math.inf):
+            fused = outcome(plan, budget, lift_to, event_loop=False)
+            assert fused == outcome(plan, budget, lift_to, event_loop=True)
+            kinds["infeasible" if fused[0] == "infeasible" else "forked" if fused[1] else "fits"] += 1
+    assert min(kinds.values()) >= 5, kinds

@@ -540,12 +540,61 @@ class _Simulation:
         other, each started at the instant the one before ends (no copy can free memory or end in
         between, so the event loop would find nothing else to do); it stops, as that loop does,
         at the first task that does not fit the budget."""
-        heap = self.heap
-        while self._try_compute():
-            self.now, _, _, payload = heap.pop()  # the task's end, the only event
-            self._end_compute(*payload)
-        if self.ci < self.n_tasks:
-            self._raise_infeasible()
+        # _try_compute and _end_compute in one loop, without what only copies need: no task waits
+        # for data (nothing is swapped), so none stalls, and no event but the task's end is ever
+        # queued. The state a fork copies (_lift_budget) is kept on the object as those keep it.
+        tasks, n_tasks, ops = self.tasks, self.n_tasks, self.w.ops
+        saved_outputs, size, present, events = self.saved_outputs, self.size, self.present, self.events
+        last_fwd_use_of_saved, last_bwd_read_of = self.w.last_fwd_use_of_saved, self.w.last_bwd_read_of
+        last_bwd_reader, actions, memory = self.w.last_bwd_reader, self.actions, self.memory
+        recompute, n, log = Action.RECOMPUTE, self.n, self.log
+        while self.ci < n_tasks:
+            task = tasks[self.ci]
+            kind, op_index = task.kind, task.op_index
+            op = ops[op_index]
+            start = self.data_ready_at = self.now
+            if kind == _BACKWARD:
+                alloc, alloc_bytes = (), 0
+            else:
+                alloc = [o for o in saved_outputs[op_index] if o not in present]
+                alloc_bytes = 0
+                for name in alloc:
+                    alloc_bytes += size[name]
+            if self.mem + alloc_bytes > self.budget and not self._lift_budget():
+                self._raise_infeasible()
+            if alloc:
+                self._alloc(alloc)
+                if kind == _RECOMPUTE:
+                    self.group_allocs.extend(alloc)
+            self.seq += 1  # the task's end, as _try_compute queues it
+            now = self.now = start + (op.bwd_time_s if kind == _BACKWARD else op.fwd_time_s)
+            events.append(("compute", kind, op.name, start, now, alloc_bytes, task.step))
+            freed = ()
+            if kind == _FORWARD:
+                self.fwd_done_upto = op_index
+                freed = [name for name in last_fwd_use_of_saved[op_index] if actions[name] is recompute]
+            elif kind == _RECOMPUTE:
+                self.recompute_time += op.fwd_time_s
+                if task.last_of_group:
+                    current = op_of_backward_step(n, task.step)
+                    freed = [name for name in self.group_allocs
+                             if not (actions[name] is recompute and last_bwd_reader[name] <= current)]
+                    self.group_allocs = []
+            else:
+                freed = last_bwd_read_of[op_index]
+            for name in freed:
+                if name in present:
+                    present.discard(name)
+                    self.mem -= size[name]
+                    if log is not None:
+                        log.append((now, name, False))
+                    memory.append((now, self.mem))
+            self.compute_end_s = self.idle_since = now
+            ci = self.ci = self.ci + 1
+            self.data_ready_at = None
+            if ci < n_tasks and tasks[ci].first_of_step:
+                step = self.triggered_step = tasks[ci].step
+                self.trigger_s[step] = now
 
     def _next_instant(self) -> None:
         """Handle every event due at the next instant before starting anything, so memory
