@@ -37,6 +37,7 @@ from torch.utils.flop_counter import flop_registry
 from ..hardware import Hardware
 from ..profiler.build import BACKWARD_TO_FORWARD, call_layer, op_kind, roofline_time_s
 from ..workload import Op, Tensor, Workload
+from .joint_nodes import is_backward_node, is_forward_op_node
 from .min_cut import cut_sources
 
 _VIEW_KIND = "view"
@@ -57,16 +58,6 @@ class GraphWorkload:
     """Source line ('File "...", line N, in f') of the graph's last forward op that records one."""
     gathered_nodes: frozenset[str] = frozenset()
     """Forward nodes that gather parameters (collectives of parameter shards and what computes only from them)."""
-
-
-def is_backward_node(node: fx.Node) -> bool:
-    return node.meta.get("partitioner_tag") == "is_backward" or (
-        node.op == "placeholder" and node.name.startswith("tangents")
-    )
-
-
-def is_forward_op_node(node: fx.Node) -> bool:
-    return node.op == "call_function" and not is_backward_node(node)
 
 
 def tag_untagged_backward(graph: fx.Graph) -> None:

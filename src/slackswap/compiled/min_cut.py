@@ -17,6 +17,8 @@ from typing import Any, Sequence
 
 import torch.fx as fx
 
+from .joint_nodes import is_backward_node
+
 MIN_CUT_OPTIONS = {
     "activation_memory_budget": 1.0,
     "ban_recompute_used_far_apart": False,
@@ -50,8 +52,6 @@ def zero_flop_cut(joint: fx.GraphModule, joint_inputs: Sequence[Any], *, num_fwd
 def in_forward(joint: fx.GraphModule, saved: set[str]) -> set[str]:
     """``saved`` with each backward node the partitioner moved into the forward pass (a transpose of a
     saved value, say) replaced by the forward nodes it is computed from: the plan tags forward nodes."""
-    from .graph_workload import is_backward_node
-
     by_name = {n.name: n for n in joint.graph.nodes}
     result: set[str] = set()
     pending = [by_name[name] for name in saved if name in by_name]
