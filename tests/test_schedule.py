@@ -218,7 +218,8 @@ def test_remembered_groups_and_full_actions_give_what_the_plain_computation_give
 
     from slackswap import schedule as schedule_module
     from slackswap.hardware import PRESETS
-    from slackswap.plans import RecomputeGroup
+    from slackswap.plans import CopyBack, RecomputeGroup
+    from slackswap.schedule import derive_schedule
     from slackswap.workloads.models import build_model_workload
 
     hw = PRESETS["a100-80gb-pcie4"]
@@ -233,6 +234,12 @@ def test_remembered_groups_and_full_actions_give_what_the_plain_computation_give
         fresh = sorted((RecomputeGroup(n - 1 - workload.op_index[before], before, tuple(ops))
                         for before, ops in plan.recompute_groups.items()), key=lambda g: g.step)
         assert plan.schedule.recompute_groups == tuple(fresh)
+        production = {t.name: i for i, t in enumerate(workload.saved_tensors)}
+        order = sorted(plan.prefetch_step, key=lambda s: (plan.prefetch_step[s], first_use_step(workload, s), production[s]))
+        assert plan.schedule.copy_backs == tuple(CopyBack(s, plan.prefetch_step[s], plan.prefetch_step[s]) for s in order)
+        if order:  # a remembered copy is not handed out for a step that is not an int
+            with pytest.raises(ValidationError):
+                derive_schedule(workload, {**plan.prefetch_step, order[0]: float(plan.prefetch_step[order[0]])}, {})
         grouped += bool(fresh)
         assert schedule_module._GROUPS_MADE  # the groups are remembered, and the next plans reuse them
         assert first_need_step(workload, full(workload, partial)) == first_need_step(workload, partial)

@@ -208,7 +208,7 @@ def prefetch_alap(
         return {}
     starts = workload.bwd_step_starts_s
     first_use = first_need_step(workload, actions, regions)
-    production = {t.name: i for i, t in enumerate(workload.saved_tensors)}
+    production = _saved_index(workload)
     order = sorted(swapped, key=lambda name: (first_use[name], production[name]))
     result: dict[str, int] = {}
     next_copy_start = float("inf")
@@ -237,14 +237,30 @@ def _as_action(value, name: str) -> Action:
 def copy_back_order(workload: Workload, prefetch_step: Mapping[str, int]) -> list[str]:
     """The swapped tensors in the order of the in-order host-to-device stream: by prefetch step,
     then first use, then production order."""
-    production = {t.name: i for i, t in enumerate(workload.saved_tensors)}
-    return sorted(prefetch_step, key=lambda s: (prefetch_step[s], first_use_step(workload, s), production[s]))
+    production = _saved_index(workload)
+    first_use = workload.first_bwd_step  # first_use_step's
+    return sorted(prefetch_step, key=lambda s: (prefetch_step[s], first_use[s], production[s]))
 
 
-# RecomputeGroups already made (frozen, so shared between plans), by the step count, the op's
-# index and the group: a planning call builds dozens of plans with mostly the same groups, and
-# checking a group's fields cost more than looking it up (llama-7b: 9,420 groups in 41 plans).
-_GROUPS_MADE: dict[tuple, RecomputeGroup] = {}
+_SAVED_INDEX: dict[int, tuple[Workload, dict[str, int]]] = {}
+
+
+def _saved_index(workload: Workload) -> dict[str, int]:
+    """Each saved tensor's position in workload.saved_tensors (production order), made once per
+    workload (for at most 16 workloads): every plan built orders its copies back by it."""
+    held = _SAVED_INDEX.get(id(workload))
+    if held is None or held[0] is not workload:
+        if len(_SAVED_INDEX) > 16:
+            _SAVED_INDEX.clear()
+        held = _SAVED_INDEX[id(workload)] = (workload, {t.name: i for i, t in enumerate(workload.saved_tensors)})
+    return held[1]
+
+
+# RecomputeGroups and CopyBacks already made (frozen, so shared between plans): groups by the step
+# count, the op's index and the group (4 items), copies by their fields (3 items). A planning call
+# builds dozens of plans with mostly the same groups and copies, and checking their fields cost
+# more than looking them up (llama-7b: 9,420 groups and 9,379 copies in 41 plans).
+_GROUPS_MADE: dict[tuple, RecomputeGroup | CopyBack] = {}
 _GROUPS_MADE_LIMIT = 100_000
 
 
@@ -270,11 +286,17 @@ def derive_schedule(
             group = made[key] = RecomputeGroup(backward_step_of(n, key[1]), before, key[3])
         groups.append(group)
     groups.sort(key=lambda g: g.step)
-    copies = tuple(
-        CopyBack(name, prefetch_step[name], max(prefetch_step[name], starts.get(name, prefetch_step[name])))
-        for name in copy_back_order(workload, prefetch_step)
-    )
-    return ExecutionSchedule(recompute_groups=tuple(groups), copy_backs=copies)
+    copies = []
+    for name in copy_back_order(workload, prefetch_step):
+        issue = prefetch_step[name]
+        start = starts.get(name, issue)
+        key = (name, issue, start if start > issue else issue)
+        # Only ints look up: 1.0 and True hash as 1 but CopyBack refuses them.
+        copy = made.get(key) if type(issue) is int and type(key[2]) is int else None
+        if copy is None:
+            copy = made[key] = CopyBack(*key)
+        copies.append(copy)
+    return ExecutionSchedule(recompute_groups=tuple(groups), copy_backs=tuple(copies))
 
 
 def rescheduled(
