@@ -106,8 +106,10 @@ def test_optimal_is_never_below_slackswap_where_its_linear_model_is_pessimistic(
 
 
 def test_assess_names_the_rows_that_keep_a_plan_out_of_the_linear_model():
-    # chain(4): rebuilding a1 re-runs op1, which reads a0 (test_optimal_profiled.py); with a0 swapped the
-    # model forbids that rebuild (r_u + s_v <= 1) although the simulator would re-run op0 in the group.
+    # chain(4): rebuilding a1 re-runs op1, which reads a0 (test_optimal_profiled.py). With a0 swapped the
+    # schedule copies a0 back before that group, which the model follows (its early-copy rows): the rebuild
+    # re-runs op1 alone. a2 is read by the first backward step: no copy of it can be back in time, and
+    # the model names the rows that say so.
     from slackswap.hardware import PRESETS
     from slackswap.planners import optimal
     from slackswap.planners.common import facts_for
@@ -124,4 +126,7 @@ def test_assess_names_the_rows_that_keep_a_plan_out_of_the_linear_model():
     recomputed = optimal._assess(facts, hw, units, roomy, {"a1": Action.RECOMPUTE})
     assert recomputed["objective_s"] == pytest.approx(w.ops[1].fwd_time_s, rel=1e-12)
     both = optimal._assess(facts, hw, units, roomy, {"a0": Action.SWAP, "a1": Action.RECOMPUTE})
-    assert both["objective_s"] is None and both["broken"] == ["actions and rebuild ops"]
+    assert both == {"representable": True, "objective_s": pytest.approx(w.ops[1].fwd_time_s, rel=1e-12),
+                    "broken": []}
+    late = optimal._assess(facts, hw, units, roomy, {"a2": Action.SWAP})
+    assert late["objective_s"] is None and late["broken"] == ["copies back land in time"]

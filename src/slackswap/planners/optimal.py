@@ -22,6 +22,9 @@ The model, with x_u = s_u + r_u the unit's "off the device" indicator:
 - copies back land in time: in order of first use from the start of backward at the
   full H2D rate: for every unit u, sum over swapped v used no later than u of back_v
   <= time of u's first use (both from the end of the forward pass);
+- rebuilds as the simulator groups them (rebuilds.py): a tensor a rebuild needs that is first
+  used later is on the device if kept; if recomputed too it is rebuilt in the same group (a
+  chain, ``_chains``); if swapped, it is copied back before the group (``_early_copies``);
 - objective: minimize sum_o y_o x fwd_time_o, the recompute added to the ideal step.
 
 The running sums are auxiliary continuous variables, so the constraint matrix stays
@@ -47,7 +50,7 @@ from ..errors import BudgetError, require
 from ..hardware import Hardware
 from ..plans import Action, Plan
 from ..units import format_bytes
-from ..workload import Workload
+from ..workload import Workload, backward_step_of
 from .common import (Candidate, Facts, block_layers, build, evaluate, facts_for, natural_peak_bytes,
                      policy_cannot_fit, with_info)
 from .rebuilds import Rebuild, rebuild_of_op, rebuilds_of
@@ -177,6 +180,27 @@ def _chains(facts: Facts, rebuilds: list[list[Rebuild]], unit_of: dict[str, int]
     return found, too_deep
 
 
+def _early_copies(facts: Facts, rebuilds: list[list[Rebuild]], unit_of: dict[str, int]
+                  ) -> list[tuple[int, int, tuple[str, ...], int]]:
+    """Copies back brought forward for a rebuild: a rebuild of unit u that needs tensors of unit v
+    first used later, while v is swapped, has them copied back before its group runs (the default
+    schedule times a swapped tensor's copy back for the first recompute group that reads it,
+    schedule.first_need_step), so the group re-runs only u's ops and those tensors are on the
+    device from u's step on. Returns (u, v, those tensors, u's step as an op index), in sorted
+    order, so the model is the same on every run."""
+    w = facts.workload
+    found: list[tuple[int, int, tuple[str, ...], int]] = []
+    for u, per_unit in enumerate(rebuilds):
+        for root in per_unit:
+            by_unit: dict[int, list[str]] = {}
+            for t in root.need_kept:
+                if unit_of[t] != u:
+                    by_unit.setdefault(unit_of[t], []).append(t)
+            for v, names in sorted(by_unit.items()):
+                found.append((u, v, tuple(sorted(names)), root.at))
+    return found
+
+
 @dataclass(frozen=True)
 class _Milp:
     """One MILP instance: minimize objective @ x, lower <= matrix @ x <= upper, 0 <= x <= var_upper,
@@ -224,12 +248,15 @@ def _model(facts: Facts, hardware: Hardware, units: list[tuple[str, ...]], limit
     unit_of = {t: k for k, u in enumerate(units) for t in u}
     depth = CHAIN_DEPTH if u_count <= CHAIN_DEPTH_UNITS else 0
     chain_list, too_deep = _chains(facts, rebuilds, unit_of, depth)
+    early_copies = _early_copies(facts, rebuilds, unit_of)
     rebuild_ops = sorted({i for per_unit in rebuilds for r in per_unit for i in r.ops}
                          | {i for _, r in chain_list for i in r.ops})
     y_col = {op: 2 * u_count + k for k, op in enumerate(rebuild_ops)}
     n_y = len(rebuild_ops)
     z_col0 = 2 * u_count + n_y
     n_y += len(chain_list)  # z columns follow the y columns, bounded by [0, 1] like them
+    q_col0 = 2 * u_count + n_y
+    n_y += len(early_copies)  # then the q columns, the same way
     # Auxiliary running sums: d2h suffix sums (production order), h2d prefix sums (use order),
     # bytes off per backward step.
     d2h_col = 2 * u_count + n_y
@@ -244,11 +271,8 @@ def _model(facts: Facts, hardware: Hardware, units: list[tuple[str, ...]], limit
         rows.add([(S(u), 1.0), (R(u), 1.0)], -np.inf, 1.0)
         for op in sorted({i for r in rebuilds[u] for i in r.ops}):
             rows.add([(y_col[op], 1.0), (R(u), -1.0)], 0.0, np.inf)
-        # A rebuild re-runs only its ops if what it needs is on the device (rebuilds.py): not
-        # swapped and still on the host (r_u + s_v <= 1); recomputed is a chain (z, below).
-        for v in sorted({unit_of[t] for r in rebuilds[u] for t in r.need_kept}):
-            if v != u:  # a unit's own tensors already arrive at its latest first reader
-                rows.add([(R(u), 1.0), (S(v), 1.0)], -np.inf, 1.0)
+    # A rebuild re-runs only its ops if what it needs is on the device (rebuilds.py): a needed unit
+    # that is recomputed is a chain (z, below); one that is swapped is copied back early (q, below).
     # Copies out: a_k = out_k s_k + a_{k+1} over production order; made_k + latency s_k + a_k <= forward time.
     rows.current = "copies out end in forward"
     by_made = sorted(range(u_count), key=lambda u: (made[u], u))
@@ -312,6 +336,23 @@ def _model(facts: Facts, hardware: Hardware, units: list[tuple[str, ...]], limit
             group_extra.setdefault(rebuild.at, []).append((col, -rebuild.dead_extra_bytes / scale))
     for path, v in too_deep:
         rows.add([(R(x), 1.0) for x in path + (v,)], -np.inf, float(len(path)))
+    rows.current = "copies back early for a rebuild"
+    use_order = [first_use[u] for u in by_use]
+    for k, (u, v, names, at) in enumerate(early_copies):
+        # q >= r_u + s_v - 1: the named tensors of v come back before u's group instead of at v's
+        # first use. Their copy lands by the start of u's step behind every copy first used by
+        # then (counted again at v's own first use: it only tightens), and they are held from u's
+        # step until v's first reader.
+        col = q_col0 + k
+        rows.add([(col, 1.0), (R(u), -1.0), (S(v), -1.0)], -1.0, np.inf)
+        needed_s = facts.step_starts_s[backward_step_of(n_ops, at)] / time_unit
+        before = bisect.bisect_right(use_order, needed_s) - 1
+        back = sum(facts.size[t] / hardware.h2d_bytes_per_s for t in names) / time_unit
+        entries = [(col, back + latency)] + ([(h2d_col + before, 1.0)] if before >= 0 else [])
+        rows.add(entries, -np.inf, needed_s)
+        early = sum(facts.size[t] for t in names) / scale
+        for i in range(first_reader[v] + 1, at + 1):
+            group_extra.setdefault(i, []).append((col, -early))
     rows.current = "memory, backward"
     for i in range(n_ops + 1):
         rows.add([(mem_col + i, 1.0)] + group_extra.get(i, []), inputs + held[i] - limit, np.inf)
