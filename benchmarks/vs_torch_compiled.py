@@ -156,12 +156,17 @@ def slackswap_step(model, batch, loss_fn, make, hardware, excluded: set[int]):
         raise
     # Saved-tensor hooks see the graphs' saved tensors in their layout's order: drop RNG states and
     # host copies by their kind there.
-    kinds = [kind for graph in partitioner.graphs for _, _, kind in graph.saved]
+    # A graph compiled again (a guard failed on the measured step) saves its tensors in its last layout:
+    # the layouts are those of the last graphs compiled whose count of saved tensors is the step's.
+    graphs = list(partitioner.graphs)
+    while graphs and sum(len(g.saved) for g in graphs) > len(packed):
+        graphs.pop(0)
+    kinds = [kind for graph in graphs for _, _, kind in graph.saved]
     if len(kinds) != len(packed):
         raise RuntimeError(f"{len(packed)} tensors saved, {len(kinds)} in the partitions' layouts")
     held = sum(dict((ptr, size) for (ptr, size), kind in zip(packed, kinds)
                     if kind in (ACTIVATION, PARAMETER) and ptr not in excluded).values())
-    timelines = [simulate(g.workload, hardware, g.plan, check=False) for g in partitioner.graphs]
+    timelines = [simulate(g.workload, hardware, g.plan, check=False) for g in graphs]
     return held, flops, step_throughput_pct(timelines), partitioner.graphs
 
 
