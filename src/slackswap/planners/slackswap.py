@@ -145,7 +145,8 @@ def link_free_floor(search: Search) -> Candidate | None:
         # Where the family does not size, the descent's greedy choice can be slower than
         # recompute-optimal's knapsack (HF GPT-2's compiled forward graph at torch's 0.4: 16.72 vs
         # 16.19 us simulated, tests/test_slackswap_floor.py): the faster of the two is the floor.
-        theirs = recompute_optimal_start(search)
+        # Rule 6 already takes its plan as a start on workloads of at most HEURISTIC_STARTS_MAX_OPS.
+        theirs = recompute_optimal_start(search) if len(search.workload.ops) > HEURISTIC_STARTS_MAX_OPS else None
         if theirs is not None and (floor is None or rank(theirs) < rank(floor)):
             floor = theirs
     if floor is None:
