@@ -41,6 +41,7 @@ op-simulations (simulations times ops) when they pay for one pass over every sin
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 from ..errors import BudgetError
 from ..hardware import Hardware
@@ -156,16 +157,23 @@ def link_free_floor(search: Search) -> Candidate | None:
     return fixed.best
 
 
+def other_policy_start(search: Search, planner: Callable[[Workload, Hardware, int], Plan], cutoff_s: float | None = None) -> tuple[Candidate, str] | None:
+    """Another policy's plan for this search's budget as a candidate of this search, with that
+    policy's name; None where it refuses the budget. ``cutoff_s`` as in Search.evaluate."""
+    try:
+        theirs = planner(search.workload, search.hardware, search.budget_bytes)
+    except BudgetError:
+        return None
+    plan = search.plan(theirs.actions, prefetch_step=theirs.prefetch_step)
+    return search.evaluate(plan, cutoff_s=cutoff_s), theirs.policy
+
+
 def recompute_optimal_start(search: Search) -> Candidate | None:
     """`recompute-optimal`'s plan as a candidate of this search, None where it refuses or does not fit."""
     from .recompute_optimal import plan_recompute_optimal
 
-    try:
-        theirs = plan_recompute_optimal(search.workload, search.hardware, search.budget_bytes)
-    except BudgetError:
-        return None
-    cand = search.evaluate(search.plan(theirs.actions, prefetch_step=theirs.prefetch_step))
-    return cand if cand.fits else None
+    start = other_policy_start(search, plan_recompute_optimal)
+    return start[0] if start is not None and start[0].fits else None
 
 
 def grant_wide_search(search: Search) -> None:
@@ -278,13 +286,9 @@ def heuristic_starts(search: Search) -> list[tuple[Candidate, str]]:
     found = []
     for planner in (plan_capuchin, plan_slackswap_paper, plan_recompute_optimal, plan_selective_recompute,
                     plan_full_recompute, plan_swap_only):
-        try:
-            theirs = planner(search.workload, search.hardware, search.budget_bytes)
-        except BudgetError:
-            continue
-        cand = search.evaluate(search.plan(theirs.actions, prefetch_step=theirs.prefetch_step))
-        if cand.fits:
-            found.append((cand, theirs.policy))
+        start = other_policy_start(search, planner)
+        if start is not None and start[0].fits:
+            found.append(start)
     return found
 
 
@@ -391,11 +395,10 @@ def paper_plan_if_faster(search: Search, best: Candidate) -> RepairResult | None
     docs/simulator.md (queued launches overlap) left the search 0.15-0.22 points below it at 20-25 %."""
     from .slackswap_paper import plan_slackswap_paper
 
-    try:
-        theirs = plan_slackswap_paper(search.workload, search.hardware, search.budget_bytes)
-    except BudgetError:
+    start = other_policy_start(search, plan_slackswap_paper, cutoff_s=best.step_time_s)
+    if start is None:
         return None
-    cand = search.evaluate(search.plan(theirs.actions, prefetch_step=theirs.prefetch_step), cutoff_s=best.step_time_s)
+    cand = start[0]
     if not cand.fits or rank(cand) >= rank(best):
         return None
     found = repair(search, cand)
