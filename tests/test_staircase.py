@@ -60,3 +60,71 @@ def test_knapsack_same_answer_with_runs_or_per_unit_table(monkeypatch):
         answers.append([selection.knapsack_min_time(facts, names, need) for names, need in cases])
     assert answers[0] == answers[1] == answers[2]
     assert all(a for a in answers[0])
+
+
+def test_held_from_and_the_ceiling_change_only_what_the_knapsack_does_not_read():
+    from slackswap.planners.staircase import held_from
+
+    rng = random.Random(11)
+    for _ in range(500):
+        cap = rng.randint(1, 60)
+        stairs = ([0, 1], [0.0, math.inf])
+        for _ in range(rng.randint(1, 6)):
+            stairs = lower_envelope(stairs, shifted(stairs, rng.randint(0, cap), rng.random(), cap))
+        low = rng.randint(0, cap)
+        held = held_from(stairs, low)
+        assert [value_at(held, b) for b in range(low, cap + 1)] == [value_at(stairs, b) for b in range(low, cap + 1)]
+        assert all(value_at(held, b) == value_at(stairs, low) for b in range(low))
+        assert len(held[0]) <= len(stairs[0])
+        w, c, ceiling = rng.randint(0, cap + 2), rng.random(), rng.uniform(0, 4)
+        plain, capped = shifted(stairs, w, c, cap), shifted(stairs, w, c, cap, ceiling)
+        for b in range(cap + 1):
+            want = value_at(plain, b)
+            assert value_at(capped, b) == (want if want <= ceiling else math.inf)
+
+
+def test_knapsack_answers_on_the_profiled_workloads_are_the_per_unit_tables(monkeypatch):
+    """The runs' knapsack holds values over an upper bound of the answer as infinity and stops
+    holding each staircase below what its walk back can read: the per-unit table (which does
+    neither) gives the same sets, on random subsets and needs."""
+    from pathlib import Path
+
+    from slackswap.planners import selection
+    from slackswap.planners.common import facts_for
+    from slackswap.workload import Workload
+
+    rng = random.Random(3)
+    for path in sorted((Path(__file__).parent / "profiled").glob("*.json")):
+        facts = facts_for(Workload.load(path))
+        total = sum(facts.size[n] for n in facts.candidates)
+        for _ in range(4):
+            names = [n for n in facts.candidates if rng.random() < 0.8]
+            need = int(total * rng.uniform(0.05, 0.9))
+            runs = selection.knapsack_min_time_of(facts, names, need)
+            with monkeypatch.context() as patched:
+                patched.setattr(selection, "_DENSE_RUNS_FRACTION", 10**9)  # the per-unit table from the first bundle
+                assert selection.knapsack_min_time_of(facts, names, need) == runs
+
+
+def test_knapsack_answers_near_every_candidate_are_the_per_unit_tables(monkeypatch):
+    """Needs close to every candidate's bytes, on random chains with few distinct sizes and
+    times (ties): there the staircases are held from high up (the later bundles leave little
+    room), and the per-unit table still gives the same sets."""
+    from slackswap.planners import selection
+    from slackswap.planners.common import facts_for
+    from slackswap.workloads.synthetic import chain
+
+    rng = random.Random(8)
+    for case in range(60):
+        n = rng.randint(3, 30)
+        w = chain(n, fwd_time_s=[rng.choice([0.5, 1.0, 1.5, rng.random()]) for _ in range(n)],
+                  size_bytes=[rng.choice([100, 250, 1000, rng.randint(1, 5000)]) for _ in range(n)],
+                  name=f"chain{case}")
+        facts = facts_for(w)
+        names = list(facts.candidates)
+        total = sum(facts.size[t] for t in names)
+        need = int(total * rng.uniform(0.85, 1.0))
+        runs = selection.knapsack_min_time_of(facts, names, need)
+        with monkeypatch.context() as patched:
+            patched.setattr(selection, "_DENSE_RUNS_FRACTION", 10**9)
+            assert selection.knapsack_min_time_of(facts, names, need) == runs

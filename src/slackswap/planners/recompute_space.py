@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import random
+from itertools import accumulate
 from typing import Iterable
 
 from .common import Facts
@@ -79,7 +80,6 @@ class RecomputeReplay:
         self.size = [t.size_bytes for t in w.tensors]
         self.producer = [w.op_index[t.producer] if t.producer is not None else -1 for t in w.tensors]
         self.inputs = [[number[n] for n in op.inputs] for op in w.ops]
-        self.outputs = [[number[n] for n in op.outputs] for op in w.ops]
         self.saved_outputs = [[number[n] for n in names] for names in w.saved_outputs]
         self.fwd_frees = [[number[n] for n in names] for names in w.last_fwd_use_of_saved]
         self.bwd_frees = [[number[n] for n in names] for names in w.last_bwd_read_of]
@@ -164,7 +164,7 @@ class RecomputeReplay:
         """Backward steps ``top`` down to 0 from the given state. ``rec``: filled in as it runs.
         ``base``: the record to rejoin, and ``limit`` a peak to stop over, for run_flipped."""
         size = self.size
-        producer, inputs, outputs = self.producer, self.inputs, self.outputs
+        producer, inputs = self.producer, self.inputs
         last_reader, bwd_reads, bwd_frees = self.last_reader, self.bwd_reads, self.bwd_frees
         op_cost, saved_outputs = self.op_cost, self.saved_outputs
         looked_at = rec.looked_at if rec is not None else None
@@ -183,28 +183,18 @@ class RecomputeReplay:
             if rec is not None:
                 rec.steps[op_i] = (bytes(present), mem, len(rec.costs), recompute_cost)
                 high = -1
-            missing = [t for t in bwd_reads[op_i] if not present[t]]
-            if missing:
-                in_group: set[int] = set()
-                temps: set[int] = set()
-                for t in missing:
-                    if t in temps or producer[t] in in_group:
-                        continue
-                    stack = [(producer[t], 0)]
-                    while stack:
-                        op, at = stack.pop()
-                        ins = inputs[op]
-                        while at < len(ins) and (present[ins[at]] or ins[at] in temps):
-                            at += 1
-                        if at < len(ins):
-                            stack.append((op, at + 1))
-                            before = producer[ins[at]]
+            # The group: every producer reachable from a missing tensor through tensors not on
+            # the device (what derive_recompute_groups re-runs), in op order.
+            stack = [producer[t] for t in bwd_reads[op_i] if not present[t]]
+            if stack:
+                in_group = set(stack)
+                while stack:
+                    for t in inputs[stack.pop()]:
+                        if not present[t]:
+                            before = producer[t]
                             if before not in in_group:
-                                stack.append((before, 0))
-                            continue
-                        if op not in in_group:
-                            in_group.add(op)
-                            temps.update(outputs[op])
+                                in_group.add(before)
+                                stack.append(before)
                 made: list[int] = []
                 for op in sorted(in_group):
                     recompute_cost += op_cost[op]
@@ -301,17 +291,9 @@ class ReplayRecord:
     def finish(self) -> None:
         # peak_above[i]: the highest bytes at steps before step i (op indices above i); peak_from[i]:
         # at step i and after (-1: none).
-        ops = len(self.high)
-        self.peak_above = [-1] * ops
-        self.peak_from = [-1] * ops
-        best = -1
-        for i in range(ops - 1, -1, -1):
-            self.peak_above[i] = best
-            best = max(best, self.high[i])
-        best = -1
-        for i in range(ops):
-            best = max(best, self.high[i])
-            self.peak_from[i] = best
+        # (Every high is -1 or more, so the running maxima start right.)
+        self.peak_above = list(accumulate(reversed(self.high), max))[::-1][1:] + [-1]
+        self.peak_from = list(accumulate(self.high, max))
 
 
 def op_costs(workload, objective: str) -> list[float]:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 from ..plans import Action, Plan
 from ..workload import Workload
 from .common import Candidate, Facts, facts_for
-from .staircase import add_to_table, lower_envelope, shifted, to_table, value_of
+from .staircase import add_to_table, held_from, lower_envelope, shifted, to_table, value_of
 
 if TYPE_CHECKING:
     from .search import Search
@@ -119,16 +119,23 @@ def knapsack_min_time_of(facts: Facts, names: Sequence[str], need_bytes: int) ->
     # best(b): the least rebuild time of a set covering at least b units, a non-decreasing
     # staircase in b held as its runs (staircase.py); one (runs before, w, c) per bundle for the
     # walk back. The per-unit table this replaces did the same float additions and comparisons.
+    # Values over ``ceiling`` (at least the answer) are held as infinity: fewer runs, and the same
+    # answer and walk back (_ceiling).
+    ceiling = _ceiling(bundles, cap)
     runs = ([0, 1], [0.0, math.inf])  # cap >= 1: need_bytes > 0
     table: list[float] | None = None  # the per-unit values, once the staircase has too many runs
     before: list = []
+    # The walk back from cap reads the program after bundle j only at cap minus at most the later
+    # bundles' weights, or more: below that each staircase holds the value there (fewer runs).
+    later_units = sum(weight * count for (weight, _), count in bundles)
     for (weight, cost), count in bundles:
         w, c = weight * count, cost * count
+        later_units -= w
         if table is None and len(runs[0]) > cap // _DENSE_RUNS_FRACTION:
             table = to_table(runs, cap)
         if table is None:
             before.append((runs, w, c))
-            runs = lower_envelope(runs, shifted(runs, w, c, cap))
+            runs = held_from(lower_envelope(runs, shifted(runs, w, c, cap, ceiling)), cap - later_units)
         else:
             before.append((table[:], w, c))
             add_to_table(table, w, c)
@@ -159,6 +166,23 @@ def knapsack_min_time_of(facts: Facts, names: Sequence[str], need_bytes: int) ->
         chosen = greedy
     order = {n: i for i, n in enumerate(facts.candidates)}
     return sorted(chosen, key=order.__getitem__)
+
+
+def _ceiling(bundles: list[tuple[tuple[int, float], int]], cap: int) -> float:
+    """A value at least the knapsack's answer at ``cap`` units: the cost of taking whole groups
+    cheapest per unit first until they cover ``cap`` (a set the program weighs too), with a
+    margin for the float sums' order. Every value of the program that is at most it is exact
+    whatever is held above it, since costs are not negative and a value over it only adds to
+    values over it; and the walk back reads only values at most the answer, or compares one
+    with such a value, so it takes the same bundles (tests/test_staircase.py)."""
+    units = 0
+    cost = 0.0
+    for (weight, each), count in sorted(bundles, key=lambda b: b[0][1] / b[0][0] if b[0][0] else math.inf):
+        units += weight * count
+        cost += each * count
+        if units >= cap:
+            return cost * (1 + 1e-9) + 1e-300
+    return math.inf
 
 
 def fit_need(

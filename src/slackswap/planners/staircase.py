@@ -10,6 +10,7 @@ on models of hundreds of layers it fills up, and the knapsack goes on with the p
 from __future__ import annotations
 
 import bisect
+import math
 
 Staircase = tuple[list[int], list[float]]
 
@@ -19,11 +20,27 @@ def value_at(stairs: Staircase, b: int) -> float:
     return values[bisect.bisect_right(starts, b) - 1]
 
 
-def shifted(stairs: Staircase, w: int, c: float, cap: int) -> Staircase:
-    """b -> stairs(max(0, b - w)) + c on 0..cap (the value ``stairs(b - w) + c`` as one addition)."""
+def shifted(stairs: Staircase, w: int, c: float, cap: int, ceiling: float = math.inf) -> Staircase:
+    """b -> stairs(max(0, b - w)) + c on 0..cap (the value ``stairs(b - w) + c`` as one addition),
+    values over ``ceiling`` as infinity."""
     starts, values = stairs
     moved = [0] + [s + w for s in starts[1:] if s + w <= cap]
-    return moved, [v + c for v in values[:len(moved)]]
+    moved_values = [v + c for v in values[:len(moved)]]
+    if moved_values[-1] > ceiling:
+        over = bisect.bisect_right(moved_values, ceiling)
+        del moved[over + 1:], moved_values[over + 1:]
+        moved_values[over] = math.inf
+    return moved, moved_values
+
+
+def held_from(stairs: Staircase, low: int) -> Staircase:
+    """``stairs`` with its value at ``low`` held from 0 up to ``low`` too: the same from ``low`` on,
+    for a caller that reads nothing below it."""
+    starts, values = stairs
+    i = bisect.bisect_right(starts, low) - 1
+    if i <= 0:
+        return stairs
+    return [0] + starts[i + 1:], values[i:]
 
 
 def lower_envelope(a: Staircase, b: Staircase) -> Staircase:
