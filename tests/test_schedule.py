@@ -244,3 +244,30 @@ def test_remembered_groups_and_full_actions_give_what_the_plain_computation_give
         assert schedule_module._GROUPS_MADE  # the groups are remembered, and the next plans reuse them
         assert first_need_step(workload, full(workload, partial)) == first_need_step(workload, partial)
     assert grouped > 20
+
+
+def test_make_plan_groups_are_those_of_its_own_prefetch_steps():
+    """make_plan takes the recompute groups it derived on the way to the first need steps (every
+    copy back there from the start) as the plan's: on random plans with swaps and recomputes, on a
+    fast link, a slow one and without one, they equal the groups derived from the plan's own
+    prefetch steps, and the plan checks."""
+    import random
+
+    from slackswap.hardware import PRESETS
+    from slackswap.workloads.models import build_model_workload
+
+    fast = PRESETS["a100-80gb-pcie4"]
+    slow = dataclasses.replace(fast, d2h_bytes_per_s=fast.d2h_bytes_per_s / 50, h2d_bytes_per_s=fast.h2d_bytes_per_s / 50)
+    workload = build_model_workload("gpt2-xl", fast, layers=2)
+    names = [t.name for t in workload.saved_tensors if t.producer is not None]
+    rng = random.Random(5)
+    moved = 0
+    for i in range(60):
+        partial = {n: rng.choice([S, R, R]) for n in names if rng.random() < 0.6}
+        hardware = (fast, slow, None)[i % 3]
+        plan = make_plan(workload, partial, policy="test", budget_bytes=None, hardware=hardware)
+        assert plan.recompute_groups == derive_recompute_groups(workload, plan.actions, plan.prefetch_step)
+        check_plan(workload, plan)
+        need = first_need_step(workload, plan.actions)
+        moved += any(plan.prefetch_step[n] < need[n] for n in plan.prefetch_step) and bool(plan.recompute_groups)
+    assert moved > 10  # copies issued before their need steps, with groups: the case the reuse is about

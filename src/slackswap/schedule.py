@@ -34,10 +34,23 @@ def first_need_step(workload: Workload, actions: Mapping[str, Action],
     recompute time and a higher peak), and a faster link, issuing the copy later, would
     make it worse. The groups are those seen with every swapped tensor back from the start.
     """
+    return _first_need_and_groups(workload, actions, regions)[0]
+
+
+def _first_need_and_groups(workload: Workload, actions: Mapping[str, Action], regions: Sequence[Sequence[str]]
+                           ) -> tuple[dict[str, int], dict[str, tuple[str, ...]] | None]:
+    """first_need_step's answer, and the recompute groups it derived on the way (None where it
+    needed none: no swap or no recompute).
+
+    Those groups are also the plan's groups for any prefetch steps at or before the first need
+    steps (make_plan's, prefetch_alap's or first_need_step's own): a swapped tensor still on its
+    way at step k is never looked at there. The backward op of step k does not read it (its first
+    read is at or after its prefetch step), and no op of step k's group reads it (that would have
+    made its first need step k or earlier); so every step walks the same way in both derivations."""
     swapped = [name for name, a in actions.items() if a is Action.SWAP]
     need = {name: first_use_step(workload, name) for name in swapped}
     if not need or not any(a is Action.RECOMPUTE for a in actions.values()):
-        return need
+        return need, None
     ops = workload.ops
     saved = workload.saved_tensors
     if len(actions) == len(saved) and all(t.name in actions for t in saved):
@@ -51,7 +64,7 @@ def first_need_step(workload: Workload, actions: Mapping[str, Action],
             for name in ops[workload.op_index[producer]].inputs:
                 if name in need and step < need[name]:
                     need[name] = step
-    return need
+    return need, groups
 
 
 def derive_recompute_groups(
@@ -203,11 +216,19 @@ def prefetch_alap(
     time is not counted in the step starts used here: it only makes steps longer,
     so copies land earlier than planned, never later.
     """
+    return _prefetch_alap_and_groups(workload, actions, hardware, lead_s, regions)[0]
+
+
+def _prefetch_alap_and_groups(workload: Workload, actions: Mapping[str, Action], hardware: Hardware, lead_s: float,
+                              regions: Sequence[Sequence[str]]
+                              ) -> tuple[dict[str, int], dict[str, tuple[str, ...]] | None]:
+    """prefetch_alap's answer, and the recompute groups of the plan with it (None where not derived
+    on the way: _first_need_and_groups)."""
     swapped = [name for name, a in actions.items() if a is Action.SWAP]
     if not swapped:
-        return {}
+        return {}, None
     starts = workload.bwd_step_starts_s
-    first_use = first_need_step(workload, actions, regions)
+    first_use, groups = _first_need_and_groups(workload, actions, regions)
     production = _saved_index(workload)
     order = sorted(swapped, key=lambda name: (first_use[name], production[name]))
     result: dict[str, int] = {}
@@ -223,7 +244,7 @@ def prefetch_alap(
         # Issued at that step's start, the copy may begin as early as starts[step]; the copy
         # before it on the stream must be done by then so as not to delay it.
         next_copy_start = starts[step]
-    return result
+    return result, groups
 
 
 def _as_action(value, name: str) -> Action:
@@ -343,12 +364,16 @@ def make_plan(
             raise ValidationError(f"plan: {t.name!r} is a step input and can only be kept, not {full[t.name].value}")
     regions = tuple(tuple(r) for r in recompute_regions)
     _check_regions(workload, regions)
+    groups = None
     if prefetch_step is None:
+        # Copies back at or before their first need steps: the groups derived on the way to those
+        # steps are the plan's (_first_need_and_groups), so they are not derived twice.
         if hardware is not None:
-            prefetch_step = prefetch_alap(workload, full, hardware, regions=regions)
+            prefetch_step, groups = _prefetch_alap_and_groups(workload, full, hardware, 0.0, regions)
         else:
-            prefetch_step = first_need_step(workload, full, regions)
-    groups = derive_recompute_groups(workload, full, prefetch_step, regions)
+            prefetch_step, groups = _first_need_and_groups(workload, full, regions)
+    if groups is None:
+        groups = derive_recompute_groups(workload, full, prefetch_step, regions)
     return Plan(
         workload_name=workload.name, workload_fingerprint=workload.fingerprint, policy=policy,
         budget_bytes=budget_bytes, actions=full, prefetch_step=dict(prefetch_step),

@@ -15,7 +15,9 @@ Every planner works on the same facts, computed once per workload:
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
+import operator
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Iterable, Mapping, Sequence
@@ -140,16 +142,11 @@ class Facts:
         with the rest): held_whatever_bytes plus every kept tensor none of whose backward readers
         has run. A plan whose floor is over its budget cannot run within it."""
         held = self.held_whatever_bytes
-        delta = [0] * (len(held) + 1)
-        first = self.first_bwd_read_index
+        delta = [0] * len(held)
+        first, size = self.first_bwd_read_index, self.size
         for name in kept:
-            delta[first[name] + 1] += self.size[name]
-        best = running = 0
-        for k, base in enumerate(held):
-            running += delta[k]
-            if base + running > best:
-                best = base + running
-        return best
+            delta[first[name] + 1] += size[name]  # first[name] < len(ops): in range
+        return max(0, max(map(operator.add, held, itertools.accumulate(delta))))
 
     def recompute_time_s(self, names: Iterable[str]) -> float:
         """Forward time re-run to rebuild ``names``, each op counted once."""

@@ -196,7 +196,8 @@ class Search:
         return self.evaluate(self.plan(actions), unlimited=unlimited, cutoff_s=cutoff_s)
 
     def _over_floor(self, actions: Mapping[str, Action]) -> bool:
-        kept = [n for n in self.facts.candidates if actions.get(n, Action.KEEP) is Action.KEEP]
+        get, keep = actions.get, Action.KEEP
+        kept = [n for n in self.facts.candidates if get(n, keep) is keep]
         return self.facts.peak_floor_bytes(kept) > self.budget_bytes
 
     @property
