@@ -273,7 +273,7 @@ def fit(
 
 def compile(model: Any, batch: Any = None, loss_fn: Any = None, *, hardware: Hardware | str = DEFAULT_HARDWARE,
             budget: float | int | str = 0.5, policy: str = "slackswap", plan: Plan | list[Plan] | None = None,
-            backend: str = "inductor", saved_set: str = "autograd", **compile_kwargs: Any):
+            backend: str = "inductor", saved_set: str = "autograd", objective: str = "time", **compile_kwargs: Any):
     """``torch.compile(model)`` with each compiled graph planned and the plan carried out by the
     partitioner (needs the torch extra). Use the result in place of ``torch.compile(model)``.
 
@@ -281,7 +281,13 @@ def compile(model: Any, batch: Any = None, loss_fn: Any = None, *, hardware: Har
     (``policy`` within ``budget``, or ``plan=`` made for those workloads) becomes recompute tags and
     offload marks. ``saved_set``: the tensors a plan chooses among, "autograd" (what the derivative
     formulas read) or "min-cut" (what PyTorch's min-cut partitioner saves with no matmul re-run; a
-    plan then keeps, say, a matmul output and re-runs the pointwise ops after it in backward). With
+    plan then keeps, say, a matmul output and re-runs the pointwise ops after it in backward).
+    ``objective``: "time" plans with ``policy`` (the fastest plan in the simulator within a peak
+    budget); "flops" is PyTorch's ``activation_memory_budget`` objective: the recompute-only plan that
+    re-runs the fewest FLOPs (FlopCounterMode's count) while what each graph holds when its forward pass
+    ends is within ``budget`` (a fraction of what it holds with everything kept, or bytes), found
+    exactly (compiled/fewest_flops.py), each re-run node run once; with saved_set="min-cut" and a
+    fraction, PyTorch's own plan at that budget is among the candidates. With
     ``batch`` and ``loss_fn`` one step is compiled now and its effects undone (gradients, buffers,
     RNG). ``compiled.slackswap`` lists each graph's workload and plan (docs/runtime.md, The compiled path)."""
     from .errors import require
@@ -290,4 +296,5 @@ def compile(model: Any, batch: Any = None, loss_fn: Any = None, *, hardware: Har
     from .compiled.compile import compile_with_plan
 
     return compile_with_plan(model, batch, loss_fn, hardware=hardware, budget=budget, policy=policy, plan=plan,
-                             backend=backend, saved_set=saved_set, plan_fn=_plan_fn, **compile_kwargs)
+                             backend=backend, saved_set=saved_set, objective=objective, plan_fn=_plan_fn,
+                             **compile_kwargs)

@@ -12,7 +12,7 @@ from ..errors import BudgetError, BudgetWarning, SlackswapError, ValidationError
 from ..hardware import Hardware
 from ..plans import Plan
 from ..workload import Workload
-from .partition import SAVED_SETS, CompiledGraph, PlanningPartitioner, make_backend, plan_lookup
+from .partition import OBJECTIVES, SAVED_SETS, CompiledGraph, PlanningPartitioner, make_backend, plan_lookup
 
 BACKENDS = ("inductor", "aot_eager")
 
@@ -40,7 +40,7 @@ class CompiledPlans:
 def compile_with_plan(model: torch.nn.Module, batch: Any = None, loss_fn: Any = None, *,
                       hardware: Hardware | str, budget: float | int | str = 0.5, policy: str = "slackswap",
                       plan: Plan | Sequence[Plan] | None = None, backend: str = "inductor",
-                      saved_set: str = "autograd", plan_fn: Callable[..., Plan],
+                      saved_set: str = "autograd", objective: str = "time", plan_fn: Callable[..., Plan],
                       **compile_kwargs: Any) -> torch.nn.Module:
     # plan_fn is slackswap.plan, passed in by slackswap.compile so that this module does not
     # import the API that imports it.
@@ -51,6 +51,10 @@ def compile_with_plan(model: torch.nn.Module, batch: Any = None, loss_fn: Any = 
         raise ValidationError(f"backend {backend!r} is not supported by slackswap.compile: use one of {', '.join(BACKENDS)}")
     if saved_set not in SAVED_SETS:
         raise ValidationError(f"saved_set {saved_set!r} is not one of {', '.join(SAVED_SETS)}")
+    if objective not in OBJECTIVES:
+        raise ValidationError(f"objective {objective!r} is not one of {', '.join(OBJECTIVES)}")
+    if objective == "flops" and plan is not None:
+        raise ValidationError("objective='flops' makes each graph's plan itself: drop plan= (or the objective)")
     if compile_kwargs.get("dynamic"):
         raise ValidationError("slackswap.compile plans each input shape on its own: drop dynamic=True "
                               "(each new shape compiles and plans one more graph)")
@@ -60,6 +64,13 @@ def compile_with_plan(model: torch.nn.Module, batch: Any = None, loss_fn: Any = 
         _refuse_bytes_for_fsdp(model, budget)
     if plan is not None:
         make = plan_lookup([plan] if isinstance(plan, Plan) else list(plan))
+    elif objective == "flops":
+        from .fewest_flops import fewest_flops_plan
+
+        def make(workload: Workload) -> Plan:
+            if partitioner.graphs and partitioner.warming_up and not isinstance(budget, float):
+                _refuse_graph_break(partitioner, budget)
+            return fewest_flops_plan(workload, _held_share(workload, budget))
     else:
         def make(workload: Workload) -> Plan:
             if partitioner.graphs and partitioner.warming_up and not isinstance(budget, float):
@@ -67,7 +78,11 @@ def compile_with_plan(model: torch.nn.Module, batch: Any = None, loss_fn: Any = 
             return plan_fn(workload, hw, _graph_share(workload, hw, budget), policy)
 
     sharded = _fsdp_buffers_are_state(model)
-    partitioner = PlanningPartitioner(hw, make, name=type(model).__name__, unit_graphs=sharded, saved_set=saved_set)
+    # With torch's objective and a fraction, torch's own plan at that activation_memory_budget is added to
+    # the min-cut candidates, so the plan re-runs no more FLOPs than it for the same bytes held.
+    widen = objective == "flops" and saved_set == "min-cut" and isinstance(budget, float)
+    partitioner = PlanningPartitioner(hw, make, name=type(model).__name__, unit_graphs=sharded, saved_set=saved_set,
+                                      objective=objective, torch_budget=budget if widen else None)
     compiled = torch.compile(model, backend=make_backend(partitioner, backend), **compile_kwargs)
     object.__setattr__(compiled, "slackswap", CompiledPlans(partitioner))
     if batch is not None and loss_fn is not None:
@@ -108,6 +123,24 @@ def _graph_share(workload: Workload, hardware: Hardware, budget: float | int | s
         f"compiled graph {workload.name!r} cannot be planned within {budget:.2f} of its peak; it is planned at "
         f"its minimum of {floor} bytes"))
     return floor
+
+
+def _held_share(workload: Workload, budget: float | int | str) -> int:
+    """objective="flops": the bytes a graph may hold when its forward pass ends. A fraction applies to what
+    the graph holds with everything kept (its candidates and step inputs), as activation_memory_budget
+    applies to what PyTorch's partitioner saves with nothing recomputed; bytes or a size apply as they are."""
+    from ..units import parse_size_bytes
+
+    everything = sum(t.size_bytes for t in workload.saved_tensors)
+    if isinstance(budget, float):
+        if not 0 < budget <= 1:
+            raise BudgetError(f"budget {budget} must be a fraction above 0 and at most 1, or a byte count")
+        return int(budget * everything)
+    if isinstance(budget, int) and not isinstance(budget, bool):
+        if budget <= 0:
+            raise BudgetError(f"budget of {budget} bytes must be positive")
+        return budget
+    return parse_size_bytes(str(budget).strip())
 
 
 def _warm_up(compiled: torch.nn.Module, model: torch.nn.Module, batch: Any, loss_fn: Any) -> None:

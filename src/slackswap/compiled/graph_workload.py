@@ -202,15 +202,9 @@ def build_graph_workload(joint: fx.GraphModule, static_input_indices, hardware: 
         has_backward.add(reader)
         rerun_in_backward.setdefault(reader, set()).update(b for b in between if b in op_index)
         for storage in read:
-            made_by = producer[storage]
-            op_name = reader
-            if made_by is not None and op_index[made_by] > op_index[reader]:
-                op_name = made_by  # read no earlier than the op that made it
-            if storage not in inputs[op_name] and storage not in outputs[op_name]:
-                inputs[op_name].append(storage)
-            bucket = readers.setdefault(storage, [])
-            if op_name not in bucket:
-                bucket.append(op_name)
+            _record_read(storage, reader, producer, op_index, inputs, outputs, readers)
+    if sources is not None:
+        _read_cut_sources(forward, cut, sources, storage_of_node, producer, op_index, inputs, outputs, readers)
 
     layers = [_layer(n) for n in op_nodes]
     if unit_graphs and not any(l is not None for l in layers):
@@ -259,6 +253,38 @@ def build_graph_workload(joint: fx.GraphModule, static_input_indices, hardware: 
     )
     return GraphWorkload(workload=workload, storage_of_node=storage_of_node, base_node=base_node,
                          op_of_seq_nr=op_of_seq_nr, end_source=_end_source(op_nodes), gathered_nodes=frozenset(gathered))
+
+
+def _record_read(storage, reader, producer, op_index, inputs, outputs, readers) -> None:
+    made_by = producer[storage]
+    op_name = reader
+    if made_by is not None and op_index[made_by] > op_index[reader]:
+        op_name = made_by  # read no earlier than the op that made it
+    if storage not in inputs[op_name] and storage not in outputs[op_name]:
+        inputs[op_name].append(storage)
+    bucket = readers.setdefault(storage, [])
+    if op_name not in bucket:
+        bucket.append(op_name)
+
+
+def _read_cut_sources(forward, cut, sources, storage_of_node, producer, op_index, inputs, outputs, readers) -> None:
+    """A cut node no backward node reads (a softmax's row max and sum, where the cut also holds the
+    softmax output: PyTorch's plan at a low budget saves them to rebuild that output) is read where the
+    cut nodes computed from it are: keeping it lets their rebuild stop there, as in that plan."""
+    read_by_backward = set(readers)
+    for node in reversed(forward):
+        storage = storage_of_node.get(node.name)
+        if node.name not in cut or storage is None or storage not in readers:
+            continue
+        for arg in node.all_input_nodes:
+            got = sources.get(arg.name)
+            for source in (() if got is None else got[0]):
+                source_storage = storage_of_node.get(source)
+                if source not in cut or source_storage is None or source_storage in read_by_backward \
+                        or producer.get(source_storage) is None:
+                    continue
+                for reader in list(readers[storage]):
+                    _record_read(source_storage, reader, producer, op_index, inputs, outputs, readers)
 
 
 def _through_cut(forward_inputs: list[str], sources) -> tuple[list[str], set[str]]:

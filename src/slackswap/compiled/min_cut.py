@@ -36,11 +36,27 @@ def zero_flop_cut(joint: fx.GraphModule, joint_inputs: Sequence[Any], *, num_fwd
                   static_lifetime_input_indices: Sequence[int] | None) -> frozenset[str]:
     """Names of the joint graph's forward nodes PyTorch's min-cut partitioner saves for backward
     under MIN_CUT_OPTIONS (run on a copy: ``joint`` is left as it is)."""
+    return _saved_by_partitioner(joint, joint_inputs, MIN_CUT_OPTIONS, num_fwd_outputs=num_fwd_outputs,
+                                 static_lifetime_input_indices=static_lifetime_input_indices)
+
+
+def budget_cut(joint: fx.GraphModule, joint_inputs: Sequence[Any], budget: float, *, num_fwd_outputs: int,
+               static_lifetime_input_indices: Sequence[int] | None) -> frozenset[str]:
+    """Names of the forward nodes PyTorch's own plan at ``activation_memory_budget=budget`` saves (its
+    min-cut partitioner with its default options, on a copy of ``joint``). Added to the zero-FLOP cut,
+    they put that plan in the space a plan chooses from (``PlanningPartitioner(torch_budget=...)``)."""
+    return _saved_by_partitioner(joint, joint_inputs, {"activation_memory_budget": budget},
+                                 num_fwd_outputs=num_fwd_outputs,
+                                 static_lifetime_input_indices=static_lifetime_input_indices)
+
+
+def _saved_by_partitioner(joint: fx.GraphModule, joint_inputs: Sequence[Any], options: dict, *, num_fwd_outputs: int,
+                          static_lifetime_input_indices: Sequence[int] | None) -> frozenset[str]:
     from torch._functorch import config as functorch_config
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
     copy = fx.GraphModule(joint, _copy_graph(joint.graph))
-    with functorch_config.patch(MIN_CUT_OPTIONS):
+    with functorch_config.patch(options):
         fw, _ = min_cut_rematerialization_partition(
             copy, joint_inputs, compiler="inductor", num_fwd_outputs=num_fwd_outputs,
             static_lifetime_input_indices=list(static_lifetime_input_indices or ()))

@@ -17,9 +17,11 @@ from ..schedule import check_plan, make_plan
 from ..workload import Workload
 from . import carry_out
 from .graph_workload import GraphWorkload, build_graph_workload, tag_untagged_backward
-from .min_cut import zero_flop_cut
+from .fewest_flops import rebuild_chains, recompute_flops
+from .min_cut import budget_cut, zero_flop_cut
 
 SAVED_SETS = ("autograd", "min-cut")
+OBJECTIVES = ("time", "flops")
 
 
 @dataclass
@@ -57,13 +59,24 @@ class PlanningPartitioner:
     PyTorch's default partitioner, then insert the plan's copies. One instance per ``slackswap.compile``."""
 
     def __init__(self, hardware: Hardware, make_plan: PlanFn, *, name: str, unit_graphs: bool = False,
-                 saved_set: str = "autograd") -> None:
+                 saved_set: str = "autograd", objective: str = "time", torch_budget: float | None = None) -> None:
         if saved_set not in SAVED_SETS:
             raise ValidationError(f"saved_set {saved_set!r} is not one of {', '.join(SAVED_SETS)}")
+        if objective not in OBJECTIVES:
+            raise ValidationError(f"objective {objective!r} is not one of {', '.join(OBJECTIVES)}")
+        if torch_budget is not None and saved_set != "min-cut":
+            raise ValidationError("torch_budget widens the min-cut saved set: give saved_set='min-cut' with it")
         self.hardware = hardware
         self.saved_set = saved_set
         """What the plan chooses from: "autograd", what the derivative formulas read; "min-cut", what
         PyTorch's min-cut partitioner saves with no matmul re-run (min_cut.py)."""
+        self.objective = objective
+        """"time": backward re-runs each recompute group as the plan's schedule does (a node shared by
+        groups of two steps is run once per group, as the simulator counts it); "flops": each re-run
+        node once, kept until its last use, as PyTorch's partitioner does (fewest_flops.py's count)."""
+        self.torch_budget = torch_budget
+        """Where set, the candidates also hold what PyTorch's own plan at activation_memory_budget =
+        torch_budget saves (min_cut.budget_cut), so that plan is one of the space's."""
         self.unit_graphs = unit_graphs
         """The model is FSDP2-sharded: a graph without numbered blocks is one fully_shard unit (graph_workload.py)."""
         self.make_plan = make_plan
@@ -79,6 +92,9 @@ class PlanningPartitioner:
             tag_untagged_backward(joint.graph)
             cut = zero_flop_cut(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs,
                                 static_lifetime_input_indices=static_lifetime_input_indices)
+            if self.torch_budget is not None:
+                cut |= budget_cut(joint, joint_inputs, self.torch_budget, num_fwd_outputs=num_fwd_outputs,
+                                  static_lifetime_input_indices=static_lifetime_input_indices)
         graph_workload = build_graph_workload(
             joint, static_lifetime_input_indices, self.hardware, name=f"{self.name}.graph{len(self.graphs)}",
             unit_graphs=self.unit_graphs, cut=cut)
@@ -91,7 +107,7 @@ class PlanningPartitioner:
         carry_out.tag_joint_graph(joint, graph_workload, plan)
         fw, bw = default_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs,
                                    static_lifetime_input_indices=static_lifetime_input_indices)
-        copies = carry_out.split_shared_recompute(bw, graph_workload, plan)
+        copies = carry_out.split_shared_recompute(bw, graph_workload, plan) if self.objective == "time" else 0
         use_streams = _accelerator_graph(fw)
         offloaded = carry_out.offload_swapped(fw, bw, graph_workload, plan, use_streams=use_streams)
         positions = carry_out.place_reloads(bw, graph_workload, plan) if offloaded else {}
@@ -100,10 +116,16 @@ class PlanningPartitioner:
             saved=carry_out.saved_tensor_layout(fw, num_fwd_outputs, graph_workload), offloaded_bytes=offloaded,
             reload_positions=positions, recompute_copies=copies,
             graph_recompute_flops=carry_out.graph_recompute_flops(bw),
-            plan_recompute_flops=plan.recompute_flops(graph_workload.workload),
+            plan_recompute_flops=self._plan_recompute_flops(workload, plan),
             graph_workload=graph_workload, backward_graph=bw,
         ))
         return fw, bw
+
+    def _plan_recompute_flops(self, workload: Workload, plan: Plan) -> float:
+        if self.objective == "time":
+            return plan.recompute_flops(workload)
+        recomputed = [name for name, action in plan.actions.items() if action is Action.RECOMPUTE]
+        return recompute_flops(workload, recomputed, rebuild_chains(workload))
 
 
 def _accelerator_graph(fw: fx.GraphModule) -> bool:

@@ -1,0 +1,131 @@
+"""The compiled path's FLOPs objective (``PlanningPartitioner(objective="flops", torch_budget=...)``,
+``slackswap.compile(..., objective="flops")``): on the joint graph torch partitions, the fewest-FLOPs
+plan holding torch's bytes re-runs no more FLOPs than torch's own ``activation_memory_budget`` plan,
+and its gradients are the plain step's."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import torch._functorch.config as functorch_config  # noqa: E402
+from torch._dynamo.backends.common import aot_autograd  # noqa: E402
+from torch._dynamo.backends.debugging import boxed_nop  # noqa: E402
+from torch._functorch.partitioners import min_cut_rematerialization_partition  # noqa: E402
+
+import slackswap  # noqa: E402
+from slackswap.compiled.carry_out import ACTIVATION, graph_recompute_flops  # noqa: E402
+from slackswap.compiled.fewest_flops import fewest_flops_plan  # noqa: E402
+from slackswap.compiled.graph_workload import build_graph_workload  # noqa: E402
+from slackswap.compiled.min_cut import budget_cut, in_forward, plan_of_saved_set, zero_flop_cut  # noqa: E402
+from slackswap.compiled.partition import PlanningPartitioner  # noqa: E402
+from slackswap.errors import ValidationError  # noqa: E402
+from slackswap.examples.models import ExampleConfig, loss_fn, make_batch, make_example  # noqa: E402
+
+HARDWARE = slackswap.get_hardware("a100-80gb-pcie4")
+SMALL = ExampleConfig(layers=2, hidden=16, heads=2, ffn=32, seq_len=8, vocab=32, dropout=0.0)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _decompositions():
+    from torch._inductor.compile_fx import select_decomp_table
+
+    return select_decomp_table()
+
+
+def _compile_step(kind, partition_fn):
+    """One training step of the SMALL example ``kind`` compiled with ``partition_fn`` on the decomposed joint
+    graph (as backend aot_eager_decomp_partition builds it); returns the gradients."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = make_example(kind, SMALL)
+    backend = aot_autograd(fw_compiler=boxed_nop, bw_compiler=boxed_nop, decompositions=_decompositions,
+                           partition_fn=partition_fn)
+    loss_fn(torch.compile(model, backend=backend), make_batch(SMALL)).backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def _plain_grads(kind):
+    torch.manual_seed(0)
+    model = make_example(kind, SMALL)
+    loss_fn(model, make_batch(SMALL)).backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def _torch_partition(kind, budget):
+    """torch's partition under ``activation_memory_budget``: per graph (what its forward saves: storage name
+    -> bytes, the FLOPs its backward graph re-runs, whether its saved set is a plan of the widened space)."""
+    seen = []
+
+    def partition(joint, joint_inputs, **kwargs):
+        static = kwargs.get("static_lifetime_input_indices")
+        options = dict(num_fwd_outputs=kwargs["num_fwd_outputs"], static_lifetime_input_indices=static)
+        cut = zero_flop_cut(joint, joint_inputs, **options) | budget_cut(joint, joint_inputs, budget, **options)
+        graph_workload = build_graph_workload(joint, static, HARDWARE, name="graph", cut=cut)
+        fw, bw = min_cut_rematerialization_partition(joint, joint_inputs, compiler="inductor", **kwargs)
+        outputs = fw.graph.find_nodes(op="output")[0].args[0][kwargs["num_fwd_outputs"]:]
+        saved = in_forward(joint, {n.name for n in outputs if isinstance(n, torch.fx.Node)})
+        workload = graph_workload.workload
+        held = {graph_workload.storage_of_node[n]: workload.size_bytes_of[graph_workload.storage_of_node[n]]
+                for n in saved if n in graph_workload.storage_of_node}
+        seen.append((held, graph_recompute_flops(bw), plan_of_saved_set(graph_workload, saved) is not None))
+        return fw, bw
+
+    with functorch_config.patch(activation_memory_budget=budget):
+        _compile_step(kind, partition)
+    return seen
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["gpt2", "bert"])
+def test_no_more_flops_than_torch_at_its_bytes(kind):
+    plain = _plain_grads(kind)
+    for budget in (0.2, 0.4, 0.6):
+        (torch_graph,) = _torch_partition(kind, budget)
+        torch_held, torch_flops, in_space = torch_graph
+        assert in_space, budget  # torch's own saved set is among the widened candidates
+
+        def plan(workload, held_bytes=sum(torch_held.values())):
+            return fewest_flops_plan(workload, held_bytes)
+
+        partitioner = PlanningPartitioner(HARDWARE, plan, name=kind, saved_set="min-cut", objective="flops",
+                                          torch_budget=budget)
+        grads = _compile_step(kind, partitioner)
+        (graph,) = partitioner.graphs
+        assert graph.plan.info["search"] == "complete"
+        assert graph.plan.info["held_bytes"] <= sum(torch_held.values()), budget
+        # The graph holds the plan's kept activations and re-runs the FLOPs the solver counted.
+        produced = {t.name for t in graph.workload.tensors if t.producer is not None}
+        kept = {graph.graph_workload.storage_of_node.get(n, n): size for n, size, kind_ in graph.saved
+                if kind_ == ACTIVATION}
+        assert sum(s for name, s in kept.items() if name in produced) <= graph.plan.info["held_bytes"]
+        assert graph.graph_recompute_flops == graph.plan_recompute_flops == graph.plan.info["recompute_flops_once"]
+        assert graph.graph_recompute_flops <= torch_flops, budget
+        for got, want in zip(grads, plain):
+            torch.testing.assert_close(got, want)
+
+
+def test_slackswap_compile_with_the_flops_objective():
+    # A fraction of what the graph holds with everything kept; the plan is recompute-only and exact.
+    compiled = slackswap.compile(make_example("gpt2", SMALL), make_batch(SMALL), loss_fn, hardware=HARDWARE,
+                                 budget=0.5, saved_set="min-cut", objective="flops", backend="aot_eager")
+    (graph,) = compiled.slackswap.graphs
+    everything = sum(t.size_bytes for t in graph.workload.saved_tensors)
+    assert graph.plan.policy == "fewest-flops" and graph.plan.info["search"] == "complete"
+    assert graph.plan.info["held_bytes"] <= int(0.5 * everything)
+    assert set(graph.plan.actions.values()) <= {slackswap.Action.KEEP, slackswap.Action.RECOMPUTE}
+    assert graph.graph_recompute_flops == graph.plan.info["recompute_flops_once"]
+
+
+def test_objective_errors_are_typed():
+    with pytest.raises(ValidationError, match="objective 'speed' is not one of time, flops"):
+        slackswap.compile(make_example("gpt2", SMALL), hardware=HARDWARE, objective="speed")
+    with pytest.raises(ValidationError, match="torch_budget widens the min-cut saved set"):
+        PlanningPartitioner(HARDWARE, lambda w: None, name="m", saved_set="autograd", torch_budget=0.5)
