@@ -327,7 +327,10 @@ class _Simulation:
         """Swapped tensors the compute stream, idle, waits for before its next task, in h2d order."""
         if self.compute_busy or self.ci >= len(self.tasks) or self.data_ready_at is not None:
             return []
-        task = self.tasks[self.ci]
+        return self._waiting_on(self.tasks[self.ci])
+
+    def _waiting_on(self, task: _Task) -> list[str]:
+        """Swapped tensors ``task`` waits for (its data conditions fail on them), in h2d order."""
         op = self.w.ops[task.op_index]
         if task.kind == _BACKWARD:
             names = [t for t in self.w.bwd_reads[op.name] if self.actions[t] is Action.SWAP]
@@ -475,11 +478,16 @@ class _Simulation:
         self._alloc(list(self.step_inputs))
         if self.mem > self.budget and not self._lift_budget():
             self._raise_over_inputs()
+        self._run_on()
+
+    def _run_on(self) -> None:
+        # _dispatch and _run_events, the plain event loop, do what these two loops do step for step
+        # (tests/test_simulator.py compares them on random plans); node.py's ranks run that loop.
         if not self.h2d_order and Action.SWAP not in self.actions.values():
             self._run_copy_free()
             return
-        self._dispatch()
-        self._run_events()
+        while not self._run_with_copies():
+            self._lift_budget()
 
     def _raise_over_inputs(self) -> None:
         need, budget = self.mem, int(self.budget)
@@ -498,8 +506,7 @@ class _Simulation:
         for a fork copied there."""
         if self.mem > self.budget:
             self._raise_over_inputs()
-        self._dispatch()
-        self._run_events()
+        self._run_on()
 
     def _lift_budget(self) -> bool:
         """With ``lift_to``, at the first memory check that fails under the budget: keep a copy of
@@ -595,6 +602,305 @@ class _Simulation:
             if ci < n_tasks and tasks[ci].first_of_step:
                 step = self.triggered_step = tasks[ci].step
                 self.trigger_s[step] = now
+
+    def _run_with_copies(self) -> bool:
+        """``_dispatch`` then ``_run_events`` in one function, for a plan that copies: the same steps
+        in the same order, with the state in local variables and the methods' bodies written out (a
+        run takes a thousand instants of a few short steps each, and the calls cost more than the
+        steps). False, with the state stored, at the first memory check that fails under a budget
+        that lifts: the caller forks there (``_lift_budget``) and calls it again, and a dispatch
+        pass tried again from its start does what the rest of the pass would do (``resume``)."""
+        heap, push, pop = self.heap, heapq.heappush, heapq.heappop
+        tasks, n_tasks, n, ops = self.tasks, self.n_tasks, self.n, self.w.ops
+        saved_outputs, size, present = self.saved_outputs, self.size, self.present
+        events, memory, log = self.events, self.memory, self.log
+        actions, prefetch, swap, recompute = self.actions, self.plan.prefetch_step, Action.SWAP, Action.RECOMPUTE
+        swapped_inputs, swapped_bwd_reads = self.swapped_inputs, self.swapped_bwd_reads
+        last_fwd_use_of_saved, last_bwd_read_of = self.w.last_fwd_use_of_saved, self.w.last_bwd_read_of
+        last_bwd_reader, last_fwd_use = self.w.last_bwd_reader, self.w.last_fwd_use
+        d2h_queue, queued_s, d2h_done, d2h_end_s = self.d2h_queue, self.queued_s, self.d2h_done, self.d2h_end_s
+        h2d_order, h2d_issued, h2d_done = self.h2d_order, self.h2d_issued, self.h2d_done
+        cancelled, trigger_s, n_order = self.cancelled, self.trigger_s, len(self.h2d_order)
+        hw = self.hw
+        latency = hw.copy_latency_s
+        # _rate_of's four outcomes
+        d2h_alone, d2h_duplex = hw.d2h_bytes_per_s * 1.0, hw.d2h_bytes_per_s * hw.duplex_d2h_factor
+        h2d_alone, h2d_duplex = hw.h2d_bytes_per_s * 1.0, hw.h2d_bytes_per_s * hw.duplex_h2d_factor
+        budget, can_lift = self.budget, self.lift_to is not None
+        now, mem, peak, seq, ci = self.now, self.mem, self.peak, self.seq, self.ci
+        busy, idle_since, ready_at, compute_end_s = self.compute_busy, self.idle_since, self.data_ready_at, self.compute_end_s
+        fwd_done_upto, triggered, group_allocs = self.fwd_done_upto, self.triggered_step, self.group_allocs
+        d2h, h2d, d2h_head, h2d_head, h2d_gate = self.d2h, self.h2d, self.d2h_head, self.h2d_head, self.h2d_gate
+        d2h_last_end, h2d_last_end = self.last_copy_end_s["d2h"], self.last_copy_end_s["h2d"]
+        d2h_bytes, h2d_bytes, recompute_time = self.d2h_bytes, self.h2d_bytes, self.recompute_time
+        stall_copy, stall_memory = self.stall_copy, self.stall_memory
+        bound = False  # a memory check failed under a budget that lifts
+        while True:
+            # ---- a dispatch pass (_dispatch) ----
+            while True:
+                if not busy and ci < n_tasks:  # _try_compute
+                    task = tasks[ci]
+                    kind, op_index = task.kind, task.op_index
+                    go = True
+                    if ready_at is None:
+                        if kind is _RECOMPUTE:
+                            for name in swapped_inputs[op_index]:
+                                if prefetch[name] <= task.step and name not in h2d_done:
+                                    go = False
+                                    break
+                        elif kind is _BACKWARD:
+                            for name in swapped_bwd_reads[op_index]:
+                                if name not in h2d_done:
+                                    go = False
+                                    break
+                        if go:
+                            ready_at = now
+                    if go:
+                        alloc_bytes = 0
+                        if kind is _BACKWARD:
+                            alloc = None
+                        else:
+                            alloc = [o for o in saved_outputs[op_index] if o not in present]
+                            for name in alloc:
+                                alloc_bytes += size[name]
+                        if mem + alloc_bytes > budget:
+                            if can_lift:
+                                bound = True
+                                break
+                        else:
+                            op = ops[op_index]
+                            if ready_at > idle_since:
+                                stall_copy += ready_at - idle_since
+                                events.append(("compute", "stall_copy", op.name, idle_since, ready_at, 0, task.step))
+                            if now > ready_at:
+                                stall_memory += now - ready_at
+                                events.append(("compute", "stall_memory", op.name, ready_at, now, 0, task.step))
+                            if alloc:
+                                for name in alloc:
+                                    present.add(name)
+                                    mem += size[name]
+                                    if log is not None:
+                                        log.append((now, name, True))
+                                if mem > peak:
+                                    peak = mem
+                                memory.append((now, mem))
+                                if kind is _RECOMPUTE:
+                                    group_allocs.extend(alloc)
+                                duration = op.fwd_time_s
+                            else:
+                                duration = op.bwd_time_s if kind is _BACKWARD else op.fwd_time_s
+                            busy = True
+                            push(heap, (now + duration, seq, _COMPUTE_END, (task, now, alloc_bytes)))
+                            seq += 1
+                if d2h is None and d2h_head < len(d2h_queue):  # _try_d2h
+                    while d2h_head < len(d2h_queue) and d2h_queue[d2h_head] in cancelled:
+                        d2h_head += 1
+                    if d2h_head < len(d2h_queue):
+                        tensor = d2h_queue[d2h_head]
+                        d2h_head += 1
+                        nbytes = size[tensor]
+                        if d2h_last_end == now:
+                            begin = queued_s[tensor] + latency
+                            begin = begin if begin > now else now
+                        else:
+                            begin = now + latency
+                        d2h = _Copy(tensor, nbytes, now, begin, float(nbytes), last_s=now)
+                        d2h.rate = d2h_duplex if h2d is not None else d2h_alone
+                        d2h.generation = 1
+                        push(heap, ((begin if begin > now else now) + d2h.remaining / d2h.rate, seq, "d2h", (d2h, 1)))
+                        seq += 1
+                        if h2d is not None and h2d.rate != h2d_duplex:  # _rerate("h2d")
+                            begin = h2d.transfer_start_s if h2d.transfer_start_s > h2d.last_s else h2d.last_s
+                            if now > begin:
+                                left = h2d.remaining - (now - begin) * h2d.rate
+                                h2d.remaining = left if left > 0.0 else 0.0
+                            h2d.last_s = now
+                            h2d.rate = h2d_duplex
+                            h2d.generation += 1
+                            begin = h2d.transfer_start_s
+                            push(heap, ((begin if begin > now else now) + h2d.remaining / h2d_duplex, seq, "h2d",
+                                        (h2d, h2d.generation)))
+                            seq += 1
+                if not (h2d is None and h2d_head < n_order and h2d_gate <= triggered):
+                    break
+                # _try_h2d
+                while h2d_head < n_order and h2d_order[h2d_head] in h2d_issued:
+                    h2d_head += 1
+                if h2d_head >= n_order:
+                    break
+                tensor = h2d_order[h2d_head]
+                if prefetch[tensor] > triggered:
+                    h2d_gate = prefetch[tensor]
+                    break
+                waited = None
+                k = 0
+                while True:  # the head, then (when it does not fit) what compute waits for: _issue_h2d
+                    if tensor in present:
+                        if tensor in group_allocs:
+                            group_allocs.remove(tensor)
+                        if tensor not in d2h_done:
+                            cancelled.add(tensor)
+                        h2d_issued.add(tensor)
+                        h2d_done.add(tensor)
+                        break
+                    if tensor in d2h_done:
+                        nbytes = size[tensor]
+                        if mem + nbytes <= budget:
+                            present.add(tensor)
+                            mem += nbytes
+                            if log is not None:
+                                log.append((now, tensor, True))
+                            if mem > peak:
+                                peak = mem
+                            memory.append((now, mem))
+                            h2d_issued.add(tensor)
+                            if h2d_last_end == now:
+                                begin = trigger_s[prefetch[tensor]]
+                                ended = d2h_end_s[tensor]
+                                begin = (ended if ended > begin else begin) + latency
+                                begin = begin if begin > now else now
+                            else:
+                                begin = now + latency
+                            h2d = _Copy(tensor, nbytes, now, begin, float(nbytes), last_s=now)
+                            h2d.rate = h2d_duplex if d2h is not None else h2d_alone
+                            h2d.generation = 1
+                            push(heap, ((begin if begin > now else now) + h2d.remaining / h2d.rate, seq, "h2d", (h2d, 1)))
+                            seq += 1
+                            if d2h is not None and d2h.rate != d2h_duplex:  # _rerate("d2h")
+                                begin = d2h.transfer_start_s if d2h.transfer_start_s > d2h.last_s else d2h.last_s
+                                if now > begin:
+                                    left = d2h.remaining - (now - begin) * d2h.rate
+                                    d2h.remaining = left if left > 0.0 else 0.0
+                                d2h.last_s = now
+                                d2h.rate = d2h_duplex
+                                d2h.generation += 1
+                                begin = d2h.transfer_start_s
+                                push(heap, ((begin if begin > now else now) + d2h.remaining / d2h_duplex, seq, "d2h",
+                                            (d2h, d2h.generation)))
+                                seq += 1
+                            break
+                        if can_lift:
+                            bound = True
+                            break
+                    if waited is None:
+                        waited = (self._waiting_on(tasks[ci]) if not busy and ci < n_tasks and ready_at is None
+                                  else ())
+                    if k == len(waited):
+                        tensor = None
+                        break
+                    tensor = waited[k]
+                    k += 1
+                if tensor is None or bound:
+                    break
+            if bound:
+                break
+            # ---- the next instant (_run_events, _next_instant) ----
+            while heap:
+                top = heap[0]
+                if top[2] is not _COMPUTE_END and top[3][1] != top[3][0].generation:
+                    pop(heap)  # a copy end re-timed by a change of the other direction
+                else:
+                    break
+            if not heap:
+                break
+            now = heap[0][0]
+            while heap:
+                top = heap[0]
+                if top[2] is _COMPUTE_END:
+                    if top[0] != now:
+                        break
+                    pop(heap)
+                    task, start_s, alloc_bytes = top[3]  # _end_compute
+                    kind, op_index = task.kind, task.op_index
+                    op = ops[op_index]
+                    events.append(("compute", kind, op.name, start_s, now, alloc_bytes, task.step))
+                    if kind is _FORWARD:
+                        fwd_done_upto = op_index
+                        for name in saved_outputs[op_index]:
+                            if actions[name] is swap:
+                                d2h_queue.append(name)
+                                queued_s[name] = now
+                        freed = [name for name in last_fwd_use_of_saved[op_index]
+                                 if actions[name] is recompute or (actions[name] is swap and name in d2h_done)]
+                    elif kind is _RECOMPUTE:
+                        recompute_time += op.fwd_time_s
+                        freed = ()
+                        if task.last_of_group:
+                            current = op_of_backward_step(n, task.step)
+                            freed = [name for name in group_allocs
+                                     if not (actions[name] is recompute and last_bwd_reader[name] <= current)]
+                            group_allocs = []
+                    else:
+                        freed = last_bwd_read_of[op_index]
+                    for name in freed:  # _free
+                        if name in present:
+                            present.discard(name)
+                            mem -= size[name]
+                            if log is not None:
+                                log.append((now, name, False))
+                            memory.append((now, mem))
+                    busy = False
+                    compute_end_s = idle_since = now
+                    ci += 1
+                    ready_at = None
+                    if ci < n_tasks and tasks[ci].first_of_step:
+                        triggered = tasks[ci].step
+                        trigger_s[triggered] = now
+                    continue
+                copy, generation = top[3]
+                if generation != copy.generation:
+                    pop(heap)  # a copy end re-timed since
+                    continue
+                if top[0] != now:
+                    break
+                pop(heap)
+                tensor = copy.tensor  # _end_copy
+                step = tasks[ci].step if ci < n_tasks else n
+                if top[2] == "d2h":
+                    events.append(("d2h", "copy_out", tensor, copy.start_s, now, copy.size_bytes, step))
+                    d2h_last_end = now
+                    d2h = None
+                    d2h_bytes += copy.size_bytes
+                    d2h_done.add(tensor)
+                    d2h_end_s[tensor] = now
+                    if last_fwd_use[tensor] <= fwd_done_upto and tensor not in cancelled and tensor in present:
+                        present.discard(tensor)
+                        mem -= size[tensor]
+                        if log is not None:
+                            log.append((now, tensor, False))
+                        memory.append((now, mem))
+                    other, rate = h2d, h2d_alone
+                else:
+                    events.append(("h2d", "copy_in", tensor, copy.start_s, now, copy.size_bytes, step))
+                    h2d_last_end = now
+                    h2d = None
+                    h2d_bytes += copy.size_bytes
+                    h2d_done.add(tensor)
+                    other, rate = d2h, d2h_alone
+                if other is not None and other.rate != rate:  # _rerate of the other direction
+                    begin = other.transfer_start_s if other.transfer_start_s > other.last_s else other.last_s
+                    if now > begin:
+                        left = other.remaining - (now - begin) * other.rate
+                        other.remaining = left if left > 0.0 else 0.0
+                    other.last_s = now
+                    other.rate = rate
+                    other.generation += 1
+                    begin = other.transfer_start_s
+                    push(heap, ((begin if begin > now else now) + other.remaining / rate, seq,
+                                "h2d" if other is h2d else "d2h", (other, other.generation)))
+                    seq += 1
+        self.now, self.mem, self.peak, self.seq, self.ci = now, mem, peak, seq, ci
+        self.compute_busy, self.idle_since, self.data_ready_at, self.compute_end_s = busy, idle_since, ready_at, compute_end_s
+        self.fwd_done_upto, self.triggered_step, self.group_allocs = fwd_done_upto, triggered, group_allocs
+        self.d2h, self.h2d, self.d2h_head, self.h2d_head, self.h2d_gate = d2h, h2d, d2h_head, h2d_head, h2d_gate
+        self.last_copy_end_s["d2h"], self.last_copy_end_s["h2d"] = d2h_last_end, h2d_last_end
+        self.d2h_bytes, self.h2d_bytes, self.recompute_time = d2h_bytes, h2d_bytes, recompute_time
+        self.stall_copy, self.stall_memory = stall_copy, stall_memory
+        if bound:
+            return False
+        if ci < n_tasks:
+            self._raise_infeasible()
+        return True
 
     def _next_instant(self) -> None:
         """Handle every event due at the next instant before starting anything, so memory
