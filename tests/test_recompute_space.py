@@ -80,6 +80,29 @@ def test_the_lower_bound_by_hand():
     assert recompute_lower_bound_s(facts, 100) == math.inf
 
 
+def test_the_lower_bound_holds_its_staircases_only_below_what_it_reads(monkeypatch):
+    # The bound reads its knapsack only at the need, so each staircase is held from the need less
+    # the later items' units: the same bound as the whole staircases give, on random chains and
+    # on a profiled workload at every tenth of its peak.
+    from slackswap.planners import recompute_space
+
+    rng = random.Random(4)
+    cases = []
+    for _ in range(20):
+        n = rng.randint(3, 25)
+        w = chain(n, fwd_time_s=[rng.choice([1.0, rng.uniform(0.1, 3.0)]) for _ in range(n)],
+                  size_bytes=[rng.choice([100, rng.randint(1, 3000)]) for _ in range(n)])
+        total = sum(t.size_bytes for t in w.tensors)
+        cases += [(facts_for(w), int(total * rng.uniform(0.05, 1.0))) for _ in range(3)]
+    profiled = Workload.load(PROFILED / "hf-gpt2.json")
+    peak = simulate_ideal(profiled, HW).peak_memory_bytes
+    cases += [(facts_for(profiled), int(i / 10 * peak)) for i in range(1, 10)]
+    held = [recompute_lower_bound_s(facts, budget) for facts, budget in cases]
+    monkeypatch.setattr(recompute_space, "held_from", lambda stairs, low: stairs)
+    assert held == [recompute_lower_bound_s(facts, budget) for facts, budget in cases]
+    assert any(0 < s < math.inf for s in held)
+
+
 def test_the_lower_bound_is_below_every_recompute_only_plan_that_fits(summary_lines):
     # Every recompute-only plan of small random chains, by brute force. The descent is greedy: it
     # need not find a plan at every budget some plan meets, nor the fastest one.

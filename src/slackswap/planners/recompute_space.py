@@ -33,7 +33,7 @@ from typing import Iterable
 
 from .common import Facts
 from .selection import op_items
-from .staircase import lower_envelope, shifted, value_at
+from .staircase import held_from, lower_envelope, shifted, value_at
 
 OBJECTIVES = ("time", "flops")
 
@@ -537,8 +537,13 @@ def recompute_lower_bound_s(facts: Facts, budget_bytes: int) -> float:
     cap = -(-need // unit)
     # The least time to free at least b units, as a staircase over b (staircase.py: the per-unit
     # table's additions and comparisons, over its runs).
+    # Only the value at cap is read, so below cap minus the later items' units each staircase
+    # holds the value there (staircase.held_from).
     best = ([0, 1], [0.0, math.inf])
-    for it, nbytes in zip(items, sizes):
+    weights = [-(-nbytes // unit) for nbytes in sizes]
+    later_units = sum(weights)
+    for it, weight in zip(items, weights):
         cost = w.ops[w.op_index[w.tensor_by_name[it[0]].producer]].fwd_time_s
-        best = lower_envelope(best, shifted(best, -(-nbytes // unit), cost, cap))
+        later_units -= weight
+        best = held_from(lower_envelope(best, shifted(best, weight, cost, cap)), cap - later_units)
     return value_at(best, cap)
