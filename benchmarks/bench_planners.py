@@ -3,7 +3,8 @@ check that `slackswap` is never below another heuristic there, and `slackswap`'s
 side by side with a previous version.
 
 Run: .venv/bin/python benchmarks/bench_planners.py [--repeats 3] [--out benchmarks/results/planners.md]
-     .venv/bin/python benchmarks/bench_planners.py --speed-only [--previous COMMIT]
+     .venv/bin/python benchmarks/bench_planners.py --speed-only [--previous COMMIT]  (new table on top of
+         planning-speed.md, the earlier ones kept below it)
      .venv/bin/python benchmarks/bench_planners.py --alone [LAYERS ...]  (appends to planning-speed.md)
 Prints medians; writes Markdown results tables. Speed targets live here, not in the tests.
 
@@ -12,7 +13,8 @@ version is exported from git (``git archive COMMIT src``) and both versions plan
 workloads in child processes, alternating, a fresh process per run (process-internal wall time
 of ``plan_workload``, the workload built before the clock starts); medians. Targets (issue 17):
 llama-7b at 50 % in at most 0.2 s and at most n log n growth in the layer count (gpt2-xl at 192
-layers within 5x its 48-layer time), measured over 12-1,024 layers. `optimal` is run at
+layers within 5x its 48-layer time), measured over 12-1,024 layers (this version runs every count;
+the previous one stops once a run takes STOP_AFTER_CPU_SECONDS). `optimal` is run at
 OPTIMAL_BUDGETS only (seconds per solve); its MILP objective, dual bound, simulated result and
 solve time are reported beside slackswap.
 """
@@ -143,7 +145,7 @@ def repeatability(models=("bert-large", "gpt2-xl"), fraction: float = 0.5) -> li
     return out
 
 
-PREVIOUS = "14d36c9"  # main before the staircase knapsack and the leaner plan building (issue 17, item 4)
+PREVIOUS = "543dbc8"  # main before the second round of planning speed-ups (issue 17, item 4); 14d36c9 before the first
 PROFILED = Path(__file__).resolve().parent.parent / "tests" / "profiled"
 # The built-in models, then the profiled workloads of tests/profiled (1-12 layers; a name ending in
 # .json is a workload file).
@@ -151,7 +153,11 @@ SPEED_CASES = [("llama-7b", None), ("bert-large", None), ("gpt2-xl", None)] + [
     (f"profiled/{p.name}", None) for p in sorted(PROFILED.glob("*.json"))]
 SCALING_LAYERS = [12, 24, 48, 96, 192, 384, 768, 1024]
 SCALING_REPEATS_UP_TO = 48  # layer counts up to this get ``repeats`` runs (medians); longer ones one run
-STOP_AFTER_CPU_SECONDS = 20.0  # a version is not run on longer models once one of its runs takes this long
+STOP_AFTER_CPU_SECONDS = 20.0  # the previous version is not run on longer models once one of its runs takes this long
+CURRENT_STOP_AFTER_CPU_SECONDS = 300.0
+"""This version's stop, high enough that it runs every SCALING_LAYERS count (gpt2-xl at 1,024 layers
+took 81.5 s of CPU alone, planning-speed.md), so the scaling table covers 12-1,024 layers (issue 17);
+it only guards the run's length should a change make the long models much slower."""
 ALONE_LAYERS = [384, 768, 1024, 2048, 3500]  # --alone: this version only, one run each (issue 15, defect 3)
 
 _TIME_IN_A_PROCESS = """
@@ -200,11 +206,14 @@ def time_in_process(src: Path, model: str, layers: int | None, fraction: float) 
 
 def speed_side_by_side(previous: str, repeats: int, fraction: float = 0.5) -> dict:
     """Both versions on SPEED_CASES (``repeats`` runs each) and the gpt2-xl scaling series (one run
-    each, a version stopped once a run takes STOP_AFTER_CPU_SECONDS of CPU), alternating; medians. Also
-    whether the two versions' plans are identical (actions per saved tensor)."""
+    each beyond SCALING_REPEATS_UP_TO layers; the previous version stopped once a run takes
+    STOP_AFTER_CPU_SECONDS of CPU, this one at CURRENT_STOP_AFTER_CPU_SECONDS), alternating; medians.
+    Also whether the two versions' plans are identical (actions per saved tensor)."""
+    stop_after = {"previous": STOP_AFTER_CPU_SECONDS, "current": CURRENT_STOP_AFTER_CPU_SECONDS}
     sources = {"current": Path(__file__).resolve().parent.parent / "src"}
     rows = []
     load_before = os.getloadavg()
+    started = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
     with tempfile.TemporaryDirectory() as tmp:
         sources["previous"] = export_version(previous, Path(tmp))
         stopped: set[str] = set()
@@ -229,7 +238,7 @@ def speed_side_by_side(previous: str, repeats: int, fraction: float = 0.5) -> di
                     row["ops"] = done[0]["ops"]
                     row[f"{version}_s"] = statistics.median(r["seconds"] for r in done)
                     row[f"{version}_cpu_s"] = statistics.median(r["cpu_seconds"] for r in done)
-                    if layers is not None and max(r["cpu_seconds"] for r in done) > STOP_AFTER_CPU_SECONDS:
+                    if layers is not None and max(r["cpu_seconds"] for r in done) > stop_after[version]:
                         stopped.add(version)
             if runs["previous"] and runs["current"]:
                 row["same_plan"] = runs["previous"][0]["actions"] == runs["current"][0]["actions"]
@@ -237,7 +246,18 @@ def speed_side_by_side(previous: str, repeats: int, fraction: float = 0.5) -> di
                 rows.append(row)
             print(f"speed {model} layers={layers}: {row}")
     return {"previous": previous, "repeats": repeats, "fraction": fraction, "rows": rows,
-            "load": (load_before, os.getloadavg())}
+            "load": (load_before, os.getloadavg()), "commit": _head_commit(),
+            "when": (started, time.strftime("%Y-%m-%d %H:%M", time.gmtime()))}
+
+
+def _head_commit() -> str:
+    """The commit this version runs from (with ``+changes`` when the working tree differs from it)."""
+    repo = Path(__file__).resolve().parent.parent
+    head = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no", "src"],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    return head + (" with uncommitted changes to src" if dirty else "")
 
 
 def alone(layer_counts: list[int], fraction: float = 0.5) -> list[dict]:
@@ -263,10 +283,12 @@ def speed_markdown(speed: dict) -> str:
              "process-internal time of `plan_workload` (its budget check included, the workload built "
              f"before the clock starts), wall and CPU; median of {speed['repeats']} runs for the built-in "
              f"models, the profiled workloads and the gpt2-xl series up to {SCALING_REPEATS_UP_TO} layers, one run per layer count "
-             f"beyond (a version is not run on longer models once a run takes over {STOP_AFTER_CPU_SECONDS:.0f} s "
-             f"of CPU). Previous version: commit {speed['previous']}. Machine load (1/5/15-minute load "
-             f"averages, 2 cores): {_load(speed['load'][0])} at the start, {_load(speed['load'][1])} at the end; "
-             "under load the wall time is mostly waiting for a core, so the CPU columns are the comparison.", "",
+             f"beyond (the previous version is not run on longer models once a run takes over "
+             f"{STOP_AFTER_CPU_SECONDS:.0f} s of CPU; this version runs every layer count up to "
+             f"{SCALING_LAYERS[-1]:,}). Previous version: commit {speed['previous']}; this version: "
+             f"{speed['commit']}. Run on {speed['when'][0]}-{speed['when'][1][-5:]} UTC. Machine load (1/5/15-minute "
+             f"load averages, 2 cores): {_load(speed['load'][0])} at the start, {_load(speed['load'][1])} at the "
+             "end; under load the wall time is mostly waiting for a core, so the CPU columns are the comparison.", "",
              "*cannot read it*: the previous version refuses the profiled fixture (saved in a workload format "
              "added after it, slackswap.workload/2 with ops' shape inputs).", "",
              "| workload | ops | previous, wall | this version, wall | previous, CPU | this version, CPU | "
@@ -300,7 +322,29 @@ def speed_markdown(speed: dict) -> str:
             lines += ["", f"{label}: gpt2-xl at 192 layers takes {scaling[192][key] / scaling[48][key]:.2f}x "
                       f"its 48-layer CPU time (target: at most 5x; {ops:.2f}x the ops, n log n in the op count "
                       f"would be {n_log_n:.2f}x)."]
+            longest = max(layers for layers, r in scaling.items() if key in r)
+            if longest > 192:
+                ops = scaling[longest]["ops"] / scaling[48]["ops"]
+                n_log_n = ops * math.log(scaling[longest]["ops"]) / math.log(scaling[48]["ops"])
+                lines += ["", f"{label}: gpt2-xl at {longest:,} layers takes "
+                          f"{scaling[longest][key] / scaling[48][key]:.2f}x its 48-layer CPU time ({ops:.2f}x the "
+                          f"ops; n log n in the op count from 48 layers would be {n_log_n:.2f}x)."]
     return "\n".join(lines) + "\n"
+
+
+EARLIER_RUNS = "The tables below are from earlier runs, kept as they were (each labelled with the main it ran on)."
+
+
+def with_earlier_runs(new_top: str, old_text: str) -> str:
+    """``new_top`` followed by every earlier table of ``old_text`` (the file it replaces), kept as
+    they were: the old top table's heading becomes a second-level one, so each run stays labelled
+    by the commits and date its own text names."""
+    if not old_text.strip():
+        return new_top
+    first, _, rest = old_text.partition("\n")
+    if first.startswith("# "):
+        old_text = "## An earlier side-by-side run, as written then (" + first[2:].strip() + ")\n" + rest
+    return new_top + "\n" + EARLIER_RUNS + "\n\n" + old_text
 
 
 def _load(averages) -> str:
@@ -413,7 +457,8 @@ def main() -> None:
         print(f"wrote {args.speed_out}")
         return
     speed = speed_side_by_side(args.previous, args.repeats)
-    write_text_atomic(args.speed_out, speed_markdown(speed))
+    old = Path(args.speed_out).read_text() if Path(args.speed_out).exists() else ""
+    write_text_atomic(args.speed_out, with_earlier_runs(speed_markdown(speed), old))
     print(f"wrote {args.speed_out}")
     if args.speed_only:
         return

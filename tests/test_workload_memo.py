@@ -8,6 +8,7 @@ from pathlib import Path
 from slackswap.hardware import PRESETS
 from slackswap.planners.common import facts_for
 from slackswap.planners.selection import keep_all_peak_bytes, knapsack_min_time, knapsack_min_time_of
+from slackswap.planners.selective_recompute import plan_selective_recompute, selective_plan
 from slackswap.planners.slackswap_paper import paper_plan, plan_slackswap_paper
 from slackswap.sim import simulate_ideal
 from slackswap.workload import Workload
@@ -41,5 +42,19 @@ def test_the_remembered_paper_plan_is_the_plain_one():
         remembered = plan_slackswap_paper(w, hardware, budget)
         assert plan_slackswap_paper(w, hardware, budget) is remembered
         assert remembered == paper_plan(w, hardware, budget)
+        plans.append(remembered)
+    assert plans[0].actions != plans[1].actions
+
+
+def test_the_remembered_selective_plan_is_the_plain_one():
+    # Per budget: at 50 % hf-gpt2 recomputes both of its blocks, at 70 % one.
+    w = Workload.load(PROFILED / "hf-gpt2.json")
+    peak = simulate_ideal(w, HW).peak_memory_bytes
+    plans = []
+    for fraction in (0.5, 0.7):
+        budget = int(fraction * peak)
+        remembered = plan_selective_recompute(w, HW, budget)
+        assert plan_selective_recompute(w, HW, budget) is remembered
+        assert remembered == selective_plan(w, HW, budget)
         plans.append(remembered)
     assert plans[0].actions != plans[1].actions
