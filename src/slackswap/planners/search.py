@@ -22,11 +22,13 @@ share) makes one ``Search`` per call and hands it to every step: ``selection.fit
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import itertools
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from ..errors import InfeasiblePlanError
 from ..hardware import Hardware
@@ -204,3 +206,44 @@ class Search:
     def simulations(self) -> int:
         """What `slackswap` reports: targeted simulations plus the wide search's spending."""
         return self.targeted_simulations + self.wide_allowance - self.wide_left
+
+
+def recompute_step_floor(search: Search, swapped_bytes: int, rest: Iterable[str]) -> Callable[[int], float]:
+    """For a plan family that takes ``swapped_bytes`` off by swaps and then recomputes a set of
+    ``rest``'s tensors of at least the bytes still needed (or all of them): ``floor(need)``, a lower
+    bound on the step time of the family's plan for every need from ``need`` on (selection.fit_need).
+
+    Such a plan re-runs every op that rebuilds one of its recomputed tensors (Facts.rebuild_ops)
+    at least once, on the compute stream beside the ideal step (Search.step_floor_s). Each op's
+    forward time is shared out among the producers in ``rest`` that need it, so a set's shares
+    never sum to more than its ops' time; the least sum of shares for a given number of bytes is
+    at least the fractional knapsack's (cheapest share per byte first, the last producer in part),
+    which grows with the need."""
+    facts, workload = search.facts, search.workload
+    items: dict[str, list] = {}  # producer -> [bytes, tensor]
+    by_name = workload.tensor_by_name
+    for name in rest:
+        item = items.setdefault(by_name[name].producer, [0, name])
+        item[0] += facts.size[name]
+    users: dict[int, int] = {}
+    for _, name in items.values():
+        for op in facts.rebuild_ops[name]:
+            users[op] = users.get(op, 0) + 1
+    ops = workload.ops
+    priced = sorted((math.fsum(ops[op].fwd_time_s / users[op] for op in facts.rebuild_ops[name]) / size, size)
+                    for size, name in items.values())
+    upto_bytes = list(itertools.accumulate(size for _, size in priced))
+    upto_s = list(itertools.accumulate(per_byte * size for per_byte, size in priced))
+    ideal_s = workload.ideal_step_time_s
+
+    def floor(need: int) -> float:
+        left = need - swapped_bytes
+        if left <= 0 or not priced:
+            return ideal_s
+        whole = bisect.bisect_left(upto_bytes, left)  # producers taken whole before the one in part
+        if whole == len(priced):
+            return ideal_s + upto_s[-1]
+        before_bytes = upto_bytes[whole - 1] if whole else 0
+        before_s = upto_s[whole - 1] if whole else 0.0
+        return ideal_s + before_s + priced[whole][0] * (left - before_bytes)
+    return floor

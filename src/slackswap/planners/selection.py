@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 from ..plans import Action, Plan
 from ..workload import Workload
 from .common import Candidate, Facts, facts_for
+from .search import STEP_FLOOR_MARGIN
 from .staircase import add_to_table, held_from, lower_envelope, shifted, to_table, value_of
 
 if TYPE_CHECKING:
@@ -192,6 +193,7 @@ def fit_need(
     *,
     allow_memory_stalls: bool = False,
     rounds: int = 10,
+    step_floor_from: Callable[[int], float] | None = None,
 ) -> Candidate | None:
     """Size a plan family ``make(need)`` to the search's budget: the fastest plan found that fits, or None.
 
@@ -201,6 +203,14 @@ def fit_need(
     and the smallest that did looks for the least bytes taken off. Every plan tried is
     also simulated under the budget and the fastest that completes is returned; with
     ``allow_memory_stalls`` that includes plans that wait for copies to free memory.
+
+    ``step_floor_from(need)``: a lower bound on the step time of ``make(m)`` for every m >= need
+    (search.recompute_step_floor). A bisection probe over it (nothing there or beyond can be
+    faster than the best so far) is not simulated but taken to clear (the bisection goes below
+    it): where it does clear that is the path simulating it takes. Where it would not, the
+    bisection would go on above it, finding nothing faster; so if the guess let a faster plan be
+    found, the guesses are checked in turn (one simulation each) and the first wrong one's best
+    is the answer. Same answer, fewer simulations.
     """
     budget_bytes = search.budget_bytes
     total = max(1, keep_all_peak_bytes_of(search.workload))
@@ -211,11 +221,15 @@ def fit_need(
     seen: dict[int, bool] = {}
     leap = total // 100
     went_back = False
+    guesses: list[tuple[int, Candidate]] = []  # (need taken to clear, the best when it was)
     for _ in range(rounds):
         if need in seen:
             break
-        plan = make(need)
-        if plan is None:
+        if (high is not None and best is not None and step_floor_from is not None
+                and step_floor_from(need) > best.step_time_s * (1 + STEP_FLOOR_MARGIN)):
+            guesses.append((need, best))  # not even made: the check makes it, if it comes to that
+            clears = True
+        elif (plan := make(need)) is None:
             clears = False
             peak = budget_bytes + total
         else:
@@ -265,6 +279,12 @@ def fit_need(
             if high - low <= max(1, total // 2000):
                 break
             need = (low + high + 1) // 2 if low >= 0 else high // 2
+    for guessed, best_then in guesses:
+        if best is best_then:
+            break  # nothing faster found since this guess: its answer either way
+        plan = make(guessed)
+        if plan is None or search.evaluate(plan, unlimited=True).timeline.peak_memory_bytes > budget_bytes:
+            return best_then
     return best
 
 

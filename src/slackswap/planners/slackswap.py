@@ -51,7 +51,7 @@ from .common import Candidate, Facts, natural_peak_bytes, policy_cannot_fit, wit
 from .copies import WindowBooking
 from .exact import EXACT_MAX_CANDIDATES, branch_and_bound
 from .repair import MAX_SIMULATIONS, RepairResult, rank, repair
-from .search import Search
+from .search import Search, recompute_step_floor
 from .selection import actions_for, fit_need, keep_all_peak_bytes, knapsack_min_time, recompute_peak_descent
 
 POLICY = "slackswap"
@@ -131,16 +131,28 @@ def initial_need_bytes(search: Search) -> int:
     return keep_all_peak_bytes(search.facts) - search.budget_bytes
 
 
-def size(search: Search, make) -> Candidate | None:
-    """Rule 6's sizing of one family, waits for memory allowed."""
-    return fit_need(search, initial_need_bytes(search), make, allow_memory_stalls=True, rounds=SIZING_ROUNDS)
+def family_floor(search: Search, accepted: list[str]) -> Callable[[int], float]:
+    """A lower bound on the step time of ``family(search, accepted)``'s plans from a need on: past
+    the accepted swaps' bytes every plan swaps them all and recomputes at least the rest of the
+    need from the other candidates (search.recompute_step_floor); before, it recomputes nothing."""
+    facts = search.facts
+    taken = set(accepted)
+    return recompute_step_floor(search, sum(facts.size[n] for n in accepted),
+                                [n for n in facts.candidates if n not in taken])
+
+
+def size(search: Search, make, floor: Callable[[int], float] | None = None) -> Candidate | None:
+    """Rule 6's sizing of one family, waits for memory allowed; ``floor`` as family_floor's, which
+    spares the simulation of sizes that cannot be faster than the best found."""
+    return fit_need(search, initial_need_bytes(search), make, allow_memory_stalls=True, rounds=SIZING_ROUNDS,
+                    step_floor_from=floor)
 
 
 def link_free_floor(search: Search) -> Candidate | None:
     """Rule 1: the recompute-only family sized (or the peak descent), then repaired without ever
     adding a swap. No plan on this path copies anything, so the path and its result are the same
     on every link; as the first start it bounds the result on any link (docs/planners.md)."""
-    floor = size(search, family(search, []))
+    floor = size(search, family(search, []), family_floor(search, []))
     if floor is None:
         floor = recompute_peak_descent(search)
         # Where the family does not size, the descent's greedy choice can be slower than
@@ -216,13 +228,15 @@ def every_recompute_only_plan(search: Search, floor: Candidate | None) -> Candid
     return floor
 
 
-def fit_fewer_swaps(search: Search, accepted: list[str], make_family, *, tries: int = 8) -> list[Candidate]:
+def fit_fewer_swaps(search: Search, accepted: list[str], make_family, *, tries: int = 8,
+                    floor_of: Callable[[list[str]], Callable[[int], float]] | None = None) -> list[Candidate]:
     """Rule 6's fallback when a family cannot be sized: its far end (every accepted swap,
     everything else recomputed) may not fit, because copies back hold memory in backward that
     rebuilding would not. Bisect for the longest prefix of the accepted list whose far end fits
     (taking fewer swaps lowers that memory), and size it and the first prefix of 7/8, 6/8, ...
     of the list whose far end fits (it leaves the knapsack more room): both are start
-    candidates (docs/planners.md, rule 6, has the cases that needed both)."""
+    candidates (docs/planners.md, rule 6, has the cases that needed both). ``floor_of(prefix)``: the
+    step time floor of ``make_family(prefix)`` (``size``)."""
     everything = keep_all_peak_bytes(search.facts)  # a need no family can meet: its far end
 
     def far_end_fits(length: int) -> bool:
@@ -252,8 +266,7 @@ def fit_fewer_swaps(search: Search, accepted: list[str], make_family, *, tries: 
             high = mid
     sized = []
     for length in dict.fromkeys((low, first)):
-        found = fit_need(search, initial_need_bytes(search), make_family(accepted[:length]),
-                         allow_memory_stalls=True, rounds=SIZING_ROUNDS)
+        found = size(search, make_family(accepted[:length]), floor_of(accepted[:length]) if floor_of else None)
         if found is not None:
             sized.append(found)
     return sized
@@ -308,8 +321,9 @@ def sized_starts(search: Search, floor: Candidate | None) -> list[tuple[Candidat
             accepted = windowed_swaps(facts, search.hardware, ranked, spill=spill, strict=strict_value)
         else:
             accepted = windowed_swaps(facts, search.hardware, ranked, spill=spill)
-        found = size(search, family(search, accepted))
-        sized = [found] if found is not None else fit_fewer_swaps(search, accepted, lambda a: family(search, a))
+        found = size(search, family(search, accepted), family_floor(search, accepted))
+        sized = [found] if found is not None else fit_fewer_swaps(search, accepted, lambda a: family(search, a),
+                                                                  floor_of=lambda a: family_floor(search, a))
         for found in sized:
             if start is None or found.step_time_s < start.step_time_s:
                 if start is not None:
