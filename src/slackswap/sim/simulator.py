@@ -60,6 +60,7 @@ class _Setup:
     backward_tasks: tuple[tuple[_Task, _Task], ...]  # per step: first of its step, after a group
     bwd_readers: dict[str, tuple[int, ...]]  # per saved tensor, the ops whose backward reads it
     fwd_readers: dict[str, tuple[int, ...]]  # per tensor, the ops that take it as an input
+    saved_output_bytes: tuple[int, ...]  # per op, the bytes of its saved outputs
 
 
 _SETUPS: dict[int, tuple[Workload, _Setup]] = {}
@@ -86,6 +87,7 @@ def _setup_of(workload: Workload) -> _Setup:
                               _Task(_BACKWARD, op_of_backward_step(n, k), k, False)) for k in range(n)),
         bwd_readers={t: tuple(v) for t, v in bwd_readers.items()},
         fwd_readers={t: tuple(v) for t, v in fwd_readers.items()},
+        saved_output_bytes=tuple(sum(workload.size_bytes_of[o] for o in outputs) for outputs in workload.saved_outputs),
     )
     if len(_SETUPS) > 16:
         _SETUPS.clear()
@@ -613,6 +615,7 @@ class _Simulation:
         heap, push, pop = self.heap, heapq.heappush, heapq.heappop
         tasks, n_tasks, n, ops = self.tasks, self.n_tasks, self.n, self.w.ops
         saved_outputs, size, present = self.saved_outputs, self.size, self.present
+        output_bytes = _setup_of(self.w).saved_output_bytes
         events, memory, log = self.events, self.memory, self.log
         actions, prefetch, swap, recompute = self.actions, self.plan.prefetch_step, Action.SWAP, Action.RECOMPUTE
         swapped_inputs, swapped_bwd_reads = self.swapped_inputs, self.swapped_bwd_reads
@@ -659,6 +662,8 @@ class _Simulation:
                         alloc_bytes = 0
                         if kind is _BACKWARD:
                             alloc = None
+                        elif present.isdisjoint(saved_outputs[op_index]):  # as always in forward
+                            alloc, alloc_bytes = saved_outputs[op_index], output_bytes[op_index]
                         else:
                             alloc = [o for o in saved_outputs[op_index] if o not in present]
                             for name in alloc:
@@ -704,22 +709,19 @@ class _Simulation:
                             begin = begin if begin > now else now
                         else:
                             begin = now + latency
-                        d2h = _Copy(tensor, nbytes, now, begin, float(nbytes), last_s=now)
-                        d2h.rate = d2h_duplex if h2d is not None else d2h_alone
-                        d2h.generation = 1
-                        push(heap, ((begin if begin > now else now) + d2h.remaining / d2h.rate, seq, "d2h", (d2h, 1)))
+                        rate = d2h_duplex if h2d is not None else d2h_alone
+                        d2h = [tensor, nbytes, now, begin, float(nbytes), rate, now, 1]
+                        push(heap, ((begin if begin > now else now) + d2h[4] / rate, seq, "d2h", (d2h, 1)))
                         seq += 1
-                        if h2d is not None and h2d.rate != h2d_duplex:  # _rerate("h2d")
-                            begin = h2d.transfer_start_s if h2d.transfer_start_s > h2d.last_s else h2d.last_s
+                        if h2d is not None and h2d[5] != h2d_duplex:  # _rerate("h2d")
+                            begin = h2d[3] if h2d[3] > h2d[6] else h2d[6]
                             if now > begin:
-                                left = h2d.remaining - (now - begin) * h2d.rate
-                                h2d.remaining = left if left > 0.0 else 0.0
-                            h2d.last_s = now
-                            h2d.rate = h2d_duplex
-                            h2d.generation += 1
-                            begin = h2d.transfer_start_s
-                            push(heap, ((begin if begin > now else now) + h2d.remaining / h2d_duplex, seq, "h2d",
-                                        (h2d, h2d.generation)))
+                                left = h2d[4] - (now - begin) * h2d[5]
+                                h2d[4] = left if left > 0.0 else 0.0
+                            h2d[5], h2d[6] = h2d_duplex, now
+                            h2d[7] += 1
+                            begin = h2d[3]
+                            push(heap, ((begin if begin > now else now) + h2d[4] / h2d_duplex, seq, "h2d", (h2d, h2d[7])))
                             seq += 1
                 if not (h2d is None and h2d_head < n_order and h2d_gate <= triggered):
                     break
@@ -761,22 +763,20 @@ class _Simulation:
                                 begin = begin if begin > now else now
                             else:
                                 begin = now + latency
-                            h2d = _Copy(tensor, nbytes, now, begin, float(nbytes), last_s=now)
-                            h2d.rate = h2d_duplex if d2h is not None else h2d_alone
-                            h2d.generation = 1
-                            push(heap, ((begin if begin > now else now) + h2d.remaining / h2d.rate, seq, "h2d", (h2d, 1)))
+                            rate = h2d_duplex if d2h is not None else h2d_alone
+                            h2d = [tensor, nbytes, now, begin, float(nbytes), rate, now, 1]
+                            push(heap, ((begin if begin > now else now) + h2d[4] / rate, seq, "h2d", (h2d, 1)))
                             seq += 1
-                            if d2h is not None and d2h.rate != d2h_duplex:  # _rerate("d2h")
-                                begin = d2h.transfer_start_s if d2h.transfer_start_s > d2h.last_s else d2h.last_s
+                            if d2h is not None and d2h[5] != d2h_duplex:  # _rerate("d2h")
+                                begin = d2h[3] if d2h[3] > d2h[6] else d2h[6]
                                 if now > begin:
-                                    left = d2h.remaining - (now - begin) * d2h.rate
-                                    d2h.remaining = left if left > 0.0 else 0.0
-                                d2h.last_s = now
-                                d2h.rate = d2h_duplex
-                                d2h.generation += 1
-                                begin = d2h.transfer_start_s
-                                push(heap, ((begin if begin > now else now) + d2h.remaining / d2h_duplex, seq, "d2h",
-                                            (d2h, d2h.generation)))
+                                    left = d2h[4] - (now - begin) * d2h[5]
+                                    d2h[4] = left if left > 0.0 else 0.0
+                                d2h[5], d2h[6] = d2h_duplex, now
+                                d2h[7] += 1
+                                begin = d2h[3]
+                                push(heap, ((begin if begin > now else now) + d2h[4] / d2h_duplex, seq, "d2h",
+                                            (d2h, d2h[7])))
                                 seq += 1
                             break
                         if can_lift:
@@ -797,7 +797,7 @@ class _Simulation:
             # ---- the next instant (_run_events, _next_instant) ----
             while heap:
                 top = heap[0]
-                if top[2] is not _COMPUTE_END and top[3][1] != top[3][0].generation:
+                if top[2] is not _COMPUTE_END and top[3][1] != top[3][0][7]:
                     pop(heap)  # a copy end re-timed by a change of the other direction
                 else:
                     break
@@ -848,19 +848,19 @@ class _Simulation:
                         trigger_s[triggered] = now
                     continue
                 copy, generation = top[3]
-                if generation != copy.generation:
+                if generation != copy[7]:
                     pop(heap)  # a copy end re-timed since
                     continue
                 if top[0] != now:
                     break
                 pop(heap)
-                tensor = copy.tensor  # _end_copy
+                tensor = copy[0]  # _end_copy
                 step = tasks[ci].step if ci < n_tasks else n
                 if top[2] == "d2h":
-                    events.append(("d2h", "copy_out", tensor, copy.start_s, now, copy.size_bytes, step))
+                    events.append(("d2h", "copy_out", tensor, copy[2], now, copy[1], step))
                     d2h_last_end = now
                     d2h = None
-                    d2h_bytes += copy.size_bytes
+                    d2h_bytes += copy[1]
                     d2h_done.add(tensor)
                     d2h_end_s[tensor] = now
                     if last_fwd_use[tensor] <= fwd_done_upto and tensor not in cancelled and tensor in present:
@@ -871,23 +871,22 @@ class _Simulation:
                         memory.append((now, mem))
                     other, rate = h2d, h2d_alone
                 else:
-                    events.append(("h2d", "copy_in", tensor, copy.start_s, now, copy.size_bytes, step))
+                    events.append(("h2d", "copy_in", tensor, copy[2], now, copy[1], step))
                     h2d_last_end = now
                     h2d = None
-                    h2d_bytes += copy.size_bytes
+                    h2d_bytes += copy[1]
                     h2d_done.add(tensor)
                     other, rate = d2h, d2h_alone
-                if other is not None and other.rate != rate:  # _rerate of the other direction
-                    begin = other.transfer_start_s if other.transfer_start_s > other.last_s else other.last_s
+                if other is not None and other[5] != rate:  # _rerate of the other direction
+                    begin = other[3] if other[3] > other[6] else other[6]
                     if now > begin:
-                        left = other.remaining - (now - begin) * other.rate
-                        other.remaining = left if left > 0.0 else 0.0
-                    other.last_s = now
-                    other.rate = rate
-                    other.generation += 1
-                    begin = other.transfer_start_s
-                    push(heap, ((begin if begin > now else now) + other.remaining / rate, seq,
-                                "h2d" if other is h2d else "d2h", (other, other.generation)))
+                        left = other[4] - (now - begin) * other[5]
+                        other[4] = left if left > 0.0 else 0.0
+                    other[5], other[6] = rate, now
+                    other[7] += 1
+                    begin = other[3]
+                    push(heap, ((begin if begin > now else now) + other[4] / rate, seq,
+                                "h2d" if other is h2d else "d2h", (other, other[7])))
                     seq += 1
         self.now, self.mem, self.peak, self.seq, self.ci = now, mem, peak, seq, ci
         self.compute_busy, self.idle_since, self.data_ready_at, self.compute_end_s = busy, idle_since, ready_at, compute_end_s
