@@ -58,9 +58,13 @@ class _Setup:
     step_inputs: list[str]
     forward_tasks: tuple[_Task, ...]
     backward_tasks: tuple[tuple[_Task, _Task], ...]  # per step: first of its step, after a group
+    backward_alone: tuple[_Task, ...]  # per step: the first of the pair
     bwd_readers: dict[str, tuple[int, ...]]  # per saved tensor, the ops whose backward reads it
     fwd_readers: dict[str, tuple[int, ...]]  # per tensor, the ops that take it as an input
+    bwd_reads: tuple[tuple[str, ...], ...]  # per op, the saved tensors its backward reads
+    inputs: tuple[tuple[str, ...], ...]  # per op, its inputs
     saved_output_bytes: tuple[int, ...]  # per op, the bytes of its saved outputs
+    group_tasks: dict[tuple[int, tuple[str, ...]], tuple[_Task, ...]]  # per (step, group's ops), its tasks
 
 
 _SETUPS: dict[int, tuple[Workload, _Setup]] = {}
@@ -80,19 +84,37 @@ def _setup_of(workload: Workload) -> _Setup:
             bwd_readers.setdefault(t, []).append(i)
         for t in op.inputs:
             fwd_readers.setdefault(t, []).append(i)
+    backward_tasks = tuple((_Task(_BACKWARD, op_of_backward_step(n, k), k, True),
+                            _Task(_BACKWARD, op_of_backward_step(n, k), k, False)) for k in range(n))
     setup = _Setup(
         step_inputs=[t.name for t in workload.tensors if t.producer is None and t.is_saved],
         forward_tasks=tuple(_Task(_FORWARD, i, -1) for i in range(n)),
-        backward_tasks=tuple((_Task(_BACKWARD, op_of_backward_step(n, k), k, True),
-                              _Task(_BACKWARD, op_of_backward_step(n, k), k, False)) for k in range(n)),
+        backward_tasks=backward_tasks,
+        backward_alone=tuple(first for first, _ in backward_tasks),
         bwd_readers={t: tuple(v) for t, v in bwd_readers.items()},
         fwd_readers={t: tuple(v) for t, v in fwd_readers.items()},
+        bwd_reads=tuple(workload.bwd_reads[op.name] for op in workload.ops),
+        inputs=tuple(op.inputs for op in workload.ops),
+        group_tasks={},
         saved_output_bytes=tuple(sum(workload.size_bytes_of[o] for o in outputs) for outputs in workload.saved_outputs),
     )
     if len(_SETUPS) > 16:
         _SETUPS.clear()
     _SETUPS[id(workload)] = (workload, setup)
     return setup
+
+
+def _swapped_of(swapped: set[str], readers: dict[str, tuple[int, ...]], reads: tuple[tuple[str, ...], ...],
+                n: int) -> list[tuple[str, ...]]:
+    """Per op index i, the tensors of ``reads[i]`` in ``swapped``, in their order (found from the swapped
+    tensors' ``readers``: the other ops read none)."""
+    out: list[tuple[str, ...]] = [()] * n
+    for name in swapped:
+        for i in readers.get(name, ()):
+            if not out[i]:  # not found yet: once found it holds ``name`` at least
+                read = reads[i]
+                out[i] = read if swapped.issuperset(read) else tuple([t for t in read if t in swapped])
+    return out
 
 
 class _Simulation:
@@ -123,14 +145,10 @@ class _Simulation:
         # Per op, the swapped tensors its backward reads and its forward inputs: what a backward or
         # recompute task may wait for (looked up once per simulation, not once per try). Only the
         # ops that read a swapped tensor are looked at; the others wait for nothing.
-        swapped = {name for name, a in plan.actions.items() if a is Action.SWAP}
-        ops, bwd_reads = workload.ops, workload.bwd_reads
-        self.swapped_bwd_reads = [()] * n
-        for i in sorted({i for t in swapped for i in setup.bwd_readers.get(t, ())}):
-            self.swapped_bwd_reads[i] = tuple(t for t in bwd_reads[ops[i].name] if t in swapped)
-        self.swapped_inputs = [()] * n
-        for i in sorted({i for t in swapped for i in setup.fwd_readers.get(t, ())}):
-            self.swapped_inputs[i] = tuple(t for t in ops[i].inputs if t in swapped)
+        swap = Action.SWAP
+        swapped = {name for name, a in plan.actions.items() if a is swap}
+        self.swapped_bwd_reads = _swapped_of(swapped, setup.bwd_readers, setup.bwd_reads, n)
+        self.swapped_inputs = _swapped_of(swapped, setup.fwd_readers, setup.inputs, n)
         self.heap: list = []
         self.seq = 0
         self.now = 0.0
@@ -179,22 +197,26 @@ class _Simulation:
     # ---- setup ----------------------------------------------------------------------
     def _build_tasks(self, setup: "_Setup") -> list[_Task]:
         # Tasks are never changed once made, so the forward and backward ones are shared by every
-        # simulation of the workload (a backward task comes in two: first of its step or not).
+        # simulation of the workload (a backward task comes in two: first of its step or not), and
+        # so are a step's recompute tasks and backward task for each group it is given.
         tasks = list(setup.forward_tasks)
+        backward, alone = setup.backward_tasks, setup.backward_alone
         groups = self.plan.schedule.group_at_step()
-        if not groups:
-            tasks.extend(first for first, _ in setup.backward_tasks)
-            return tasks
-        op_index = self.w.op_index
-        for k, (alone, after_group) in enumerate(setup.backward_tasks):
-            if k not in groups:
-                tasks.append(alone)
-                continue
-            group = groups[k].ops
-            last = len(group) - 1
-            for j, name in enumerate(group):
-                tasks.append(_Task(_RECOMPUTE, op_index[name], k, j == 0, j == last))
-            tasks.append(after_group if group else alone)
+        made = setup.group_tasks
+        done = 0  # steps before this one are in ``tasks``
+        for k in sorted(k for k in groups if 0 <= k < self.n):
+            tasks.extend(alone[done:k])
+            ops = groups[k].ops
+            step = made.get((k, ops))
+            if step is None:
+                if len(made) > 4096:  # made for plans long gone
+                    made.clear()
+                op_index, last = self.w.op_index, len(ops) - 1
+                step = made[(k, ops)] = (*(_Task(_RECOMPUTE, op_index[name], k, j == 0, j == last)
+                                           for j, name in enumerate(ops)), backward[k][1] if ops else backward[k][0])
+            tasks.extend(step)
+            done = k + 1
+        tasks.extend(alone[done:])
         return tasks
 
     # ---- memory -----------------------------------------------------------------------
