@@ -154,3 +154,53 @@ def test_the_bound_gives_the_sizing_without_it_on_random_families(monkeypatch):
             simulations[bounded] += len({(family[2](e[1]), e[2]) for e in events if e[0] == "simulate"})
         assert found[True] == found[False], case
     assert simulations[True] < simulations[False]
+
+
+@pytest.mark.parametrize("name", ["bert-large", "gpt2-xl"])
+def test_cannot_beat_is_under_every_sized_plan_of_an_order_and_its_prefixes(name):
+    """For each swap order's accepted list and two shorter prefixes, at three budgets: the step
+    time of the family's sized plan (where one fits) is never one cannot_beat rules out, and the
+    bound says something (it rules out the ideal step where the accepted bytes fall short of the
+    need)."""
+    hw = PRESETS["a100-80gb-pcie4"]
+    workload = build_model_workload(name, hw, layers=4)
+    ruled_out = 0
+    for fraction in (0.3, 0.5, 0.7):
+        search = Search(workload, hw, int(fraction * simulate_ideal(workload, hw).peak_memory_bytes), "test")
+        orders = planner.swap_orders(search.facts)
+        for ranked, spill in ((orders["value"], False), (orders["value"], True), (orders["early"], False)):
+            accepted = planner.windowed_swaps(search.facts, hw, ranked, spill=spill)
+            for prefix in (accepted, accepted[: len(accepted) * 3 // 4], accepted[: len(accepted) // 2]):
+                found = planner.size(search, planner.family(search, prefix), planner.family_floor(search, prefix))
+                if found is not None:
+                    assert not planner.cannot_beat(search, prefix, found.step_time_s)
+                ruled_out += planner.cannot_beat(search, prefix, workload.ideal_step_time_s)
+    assert ruled_out > 0
+
+
+def test_a_family_left_out_changes_no_plan_even_when_rule_9_reads_the_runner_up(monkeypatch):
+    """llama-7b at 50 %: the early order's family cannot beat the value order's start and is not
+    sized. With rule 9 made to fire after any repair (its cap read as one simulation), the whole
+    list of starts is made and the plan is the one made with no family left out."""
+    hw = PRESETS["a100-80gb-pcie4"]
+    workload = build_model_workload("llama-7b", hw)
+    budget = int(0.5 * simulate_ideal(workload, hw).peak_memory_bytes)
+    search = Search(workload, hw, budget, "slackswap")
+    starts, deferred = planner.sized_starts(search, None)
+    complete, none_left = planner.sized_starts(search, None, defer=False)
+    assert deferred and not none_left
+    assert starts[0] == complete[0] and "early" in {label for _, label in complete} - {label for _, label in starts}
+    monkeypatch.setattr(planner, "MAX_SIMULATIONS", 1)
+    asked = []
+    real = planner.sized_starts
+
+    def spied(search, floor, *, defer=True):
+        asked.append(defer)
+        return real(search, floor, defer=defer)
+
+    monkeypatch.setattr(planner, "sized_starts", spied)
+    with_deferral = planner.plan_slackswap(build_model_workload("llama-7b", hw), hw, budget)
+    assert asked == [True, False]
+    monkeypatch.setattr(planner, "cannot_beat", lambda *args: False)
+    without = planner.plan_slackswap(build_model_workload("llama-7b", hw), hw, budget)
+    assert with_deferral.actions == without.actions and with_deferral.info == without.info

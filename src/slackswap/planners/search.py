@@ -28,7 +28,7 @@ import itertools
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from ..errors import InfeasiblePlanError
 from ..hardware import Hardware
@@ -208,27 +208,29 @@ class Search:
         return self.targeted_simulations + self.wide_allowance - self.wide_left
 
 
-def recompute_step_floor(search: Search, swapped_bytes: int, rest: Iterable[str]) -> Callable[[int], float]:
+def recompute_step_floor(search: Search, swapped_bytes: int, rest: Sequence[str], *,
+                         shared_by: Iterable[str] | None = None) -> Callable[[int], float]:
     """For a plan family that takes ``swapped_bytes`` off by swaps and then recomputes a set of
     ``rest``'s tensors of at least the bytes still needed (or all of them): ``floor(need)``, a lower
     bound on the step time of the family's plan for every need from ``need`` on (selection.fit_need).
 
     Such a plan re-runs every op that rebuilds one of its recomputed tensors (Facts.rebuild_ops)
     at least once, on the compute stream beside the ideal step (Search.step_floor_s). Each op's
-    forward time is shared out among the producers in ``rest`` that need it, so a set's shares
-    never sum to more than its ops' time; the least sum of shares for a given number of bytes is
-    at least the fractional knapsack's (cheapest share per byte first, the last producer in part),
-    which grows with the need."""
+    forward time is shared out among the producers in ``rest`` (or in ``shared_by``, a superset:
+    then the bound holds for a recomputed set anywhere in it, with what is not in ``rest`` free)
+    that need it, so a set's shares never sum to more than its ops' time; the least sum of shares
+    for a given number of bytes is at least the fractional knapsack's (cheapest share per byte
+    first, the last producer in part), which grows with the need."""
     facts, workload = search.facts, search.workload
-    items: dict[str, list] = {}  # producer -> [bytes, tensor]
     by_name = workload.tensor_by_name
+    users: dict[int, int] = {}
+    for name in {by_name[n].producer: n for n in (rest if shared_by is None else shared_by)}.values():
+        for op in facts.rebuild_ops[name]:
+            users[op] = users.get(op, 0) + 1
+    items: dict[str, list] = {}  # producer -> [bytes, tensor]
     for name in rest:
         item = items.setdefault(by_name[name].producer, [0, name])
         item[0] += facts.size[name]
-    users: dict[int, int] = {}
-    for _, name in items.values():
-        for op in facts.rebuild_ops[name]:
-            users[op] = users.get(op, 0) + 1
     ops = workload.ops
     priced = sorted((math.fsum(ops[op].fwd_time_s / users[op] for op in facts.rebuild_ops[name]) / size, size)
                     for size, name in items.values())

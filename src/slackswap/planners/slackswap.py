@@ -21,7 +21,9 @@ the list:
    shorter prefixes of its swaps (``fit_fewer_swaps``); when none fits, everything swapped and
    the other heuristics' plans are the starts of last resort (``heuristic_starts``), and on
    workloads of at most HEURISTIC_STARTS_MAX_OPS ops those plans are starts always; with the
-   wide search everything swapped is one more start anyway.
+   wide search everything swapped is one more start anyway. Without the wide search, an order
+   whose plans provably cannot beat the start so far (``cannot_beat``) is sized only if rule 9
+   asks for the runner-up; each family's sizing skips the sizes its step time floor rules out.
 7. ``repair`` (repair.py) of the best start: single changes where the simulated timeline
    points, kept when the step gets faster (or as fast with less work); with the wide search, a
    polish over every single change and pair of one-tensor changes.
@@ -51,7 +53,7 @@ from .common import Candidate, Facts, natural_peak_bytes, policy_cannot_fit, wit
 from .copies import WindowBooking
 from .exact import EXACT_MAX_CANDIDATES, branch_and_bound
 from .repair import MAX_SIMULATIONS, RepairResult, rank, repair
-from .search import Search, recompute_step_floor
+from .search import STEP_FLOOR_MARGIN, Search, recompute_step_floor
 from .selection import actions_for, fit_need, keep_all_peak_bytes, knapsack_min_time, recompute_peak_descent
 
 POLICY = "slackswap"
@@ -305,11 +307,31 @@ def heuristic_starts(search: Search) -> list[tuple[Candidate, str]]:
     return found
 
 
-def sized_starts(search: Search, floor: Candidate | None) -> list[tuple[Candidate, str]]:
+def cannot_beat(search: Search, accepted: list[str], step_time_s: float) -> bool:
+    """Whether no plan that swaps some of ``accepted`` and recomputes other candidates can fit the
+    budget and run in at most ``step_time_s``: so neither the family of ``accepted`` nor any of its
+    shorter prefixes (fit_fewer_swaps). A plan within the budget takes at least the keep-all peak
+    less the budget off (Facts.peak_floor_bytes at the end of forward), so it recomputes at least
+    that less the bytes of ``accepted``, at a step time floor that search.recompute_step_floor
+    bounds (op times shared among all candidates: the recomputed set may hold some of
+    ``accepted``, which the bound takes as free)."""
+    facts = search.facts
+    taken = set(accepted)
+    floor = recompute_step_floor(search, sum(facts.size[n] for n in accepted),
+                                 [n for n in facts.candidates if n not in taken], shared_by=facts.candidates)
+    return floor(initial_need_bytes(search)) > step_time_s * (1 + STEP_FLOOR_MARGIN)
+
+
+def sized_starts(search: Search, floor: Candidate | None, *, defer: bool = True) -> tuple[list[tuple[Candidate, str]], bool]:
     """Rules 3-6: the start candidates, the best first, each with its label: the floor, each swap
     order's family sized (or its shorter prefixes), and everything swapped when nothing else fits
-    or the wide search wants one more start. Raises BudgetError when not even that fits."""
+    or the wide search wants one more start. Raises BudgetError when not even that fits.
+
+    Without the wide search only rule 9 reads past the first start, and only when the repair is cut
+    off: with ``defer``, a family that cannot beat the start so far (``cannot_beat``) is not sized,
+    and the second item of the answer says whether one was left out (rule 9 then asks for all)."""
     facts = search.facts
+    deferred = False
     start: Candidate | None = floor
     start_order = "recompute" if floor is not None else ""
     others: list[tuple[Candidate, str]] = []
@@ -321,6 +343,9 @@ def sized_starts(search: Search, floor: Candidate | None) -> list[tuple[Candidat
             accepted = windowed_swaps(facts, search.hardware, ranked, spill=spill, strict=strict_value)
         else:
             accepted = windowed_swaps(facts, search.hardware, ranked, spill=spill)
+        if defer and search.wide_allowance == 0 and start is not None and cannot_beat(search, accepted, start.step_time_s):
+            deferred = True
+            continue
         found = size(search, family(search, accepted), family_floor(search, accepted))
         sized = [found] if found is not None else fit_fewer_swaps(search, accepted, lambda a: family(search, a),
                                                                   floor_of=lambda a: family_floor(search, a))
@@ -363,7 +388,7 @@ def sized_starts(search: Search, floor: Candidate | None) -> list[tuple[Candidat
         if key not in distinct:
             distinct.add(key)
             starts.append((other, label))
-    return starts
+    return starts, deferred
 
 
 def repair_other_starts(search: Search, starts, result: RepairResult, label: str) -> tuple[RepairResult, str]:
@@ -379,10 +404,14 @@ def repair_other_starts(search: Search, starts, result: RepairResult, label: str
     return result, label
 
 
-def repair_runner_up(search: Search, starts, result: RepairResult, label: str) -> tuple[RepairResult, str]:
+def repair_runner_up(search: Search, starts, result: RepairResult, label: str,
+                     all_starts: Callable[[], list] | None = None) -> tuple[RepairResult, str]:
     """Rule 9: without the wide search, when the best start's repair was cut off by its cap
     (still improving), the runner-up start gets a repair of its own and the faster result wins.
-    Gated on the cap, so a repair that ends in a local optimum costs nothing more."""
+    Gated on the cap, so a repair that ends in a local optimum costs nothing more. ``all_starts``:
+    where ``starts`` left families out (sized_starts), the whole list."""
+    if search.wide_allowance == 0 and result.simulations >= MAX_SIMULATIONS and all_starts is not None:
+        starts = all_starts()
     if search.wide_allowance == 0 and len(starts) > 1 and result.simulations >= MAX_SIMULATIONS:
         other, other_label = starts[1]
         found = repair(search, other)
@@ -425,12 +454,13 @@ def plan_slackswap(workload: Workload, hardware: Hardware, budget_bytes: int) ->
     floor = link_free_floor(search)                                   # rule 1
     grant_wide_search(search)
     floor = every_recompute_only_plan(search, floor)                  # rule 2
-    starts = sized_starts(search, floor)                              # rules 3-6
+    starts, deferred = sized_starts(search, floor)                    # rules 3-6
     result = repair(search, starts[0][0], wide=True)                  # rule 7
     search.targeted_simulations += result.simulations
     label = starts[0][1]
     result, label = repair_other_starts(search, starts, result, label)  # rule 8
-    result, label = repair_runner_up(search, starts, result, label)   # rule 9
+    result, label = repair_runner_up(search, starts, result, label,  # rule 9
+                                     (lambda: sized_starts(search, floor, defer=False)[0]) if deferred else None)
     best, exact_search = exact_where_cheap(search, result.best)       # rule 10
     moves = result.moves
     if best is not result.best:
