@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import random
 
-from slackswap.planners.staircase import lower_envelope, shifted, to_table, value_at
+from slackswap.planners.staircase import add_to_table, lower_envelope, shifted, to_table, value_at
 
 
 def _table_step(best: list[float], w: int, c: float) -> bytearray:
@@ -83,34 +83,50 @@ def test_held_from_and_the_ceiling_change_only_what_the_knapsack_does_not_read()
             assert value_at(capped, b) == (want if want <= ceiling else math.inf)
 
 
-def test_knapsack_answers_on_the_profiled_workloads_are_the_per_unit_tables(monkeypatch):
-    """The runs' knapsack holds values over an upper bound of the answer as infinity and stops
-    holding each staircase below what its walk back can read: the per-unit table (which does
-    neither) gives the same sets, on random subsets and needs."""
+def _knapsack_in_every_mode(monkeypatch, facts, names, need: int) -> list:
+    """knapsack_min_time_of's answers with runs then the table (the default), runs only and the
+    table from the first bundle, then the plain per-unit table: no ceiling, every unit updated."""
+    from slackswap.planners import selection, staircase
+
+    answers = []
+    for fraction in (selection._DENSE_RUNS_FRACTION, 1, 10**9):
+        with monkeypatch.context() as patched:
+            patched.setattr(selection, "_DENSE_RUNS_FRACTION", fraction)
+            answers.append(selection.knapsack_min_time_of(facts, names, need))
+    with monkeypatch.context() as patched:
+        patched.setattr(selection, "_DENSE_RUNS_FRACTION", 10**9)
+        patched.setattr(selection, "_ceiling", lambda bundles, cap: math.inf)
+        patched.setattr(selection, "add_to_table", lambda table, w, c, low: staircase.add_to_table(table, w, c))
+        answers.append(selection.knapsack_min_time_of(facts, names, need))
+    return answers
+
+
+def test_knapsack_answers_on_the_profiled_workloads_are_the_plain_tables(monkeypatch):
+    """The knapsack holds values over an upper bound of the answer as infinity and leaves alone
+    what its walk back cannot read: the plain per-unit table (which does neither) gives the same
+    sets, on random subsets and needs, whichever way it runs."""
     from pathlib import Path
 
-    from slackswap.planners import selection
     from slackswap.planners.common import facts_for
     from slackswap.workload import Workload
 
     rng = random.Random(3)
+    found = 0
     for path in sorted((Path(__file__).parent / "profiled").glob("*.json")):
         facts = facts_for(Workload.load(path))
         total = sum(facts.size[n] for n in facts.candidates)
         for _ in range(4):
             names = [n for n in facts.candidates if rng.random() < 0.8]
-            need = int(total * rng.uniform(0.05, 0.9))
-            runs = selection.knapsack_min_time_of(facts, names, need)
-            with monkeypatch.context() as patched:
-                patched.setattr(selection, "_DENSE_RUNS_FRACTION", 10**9)  # the per-unit table from the first bundle
-                assert selection.knapsack_min_time_of(facts, names, need) == runs
+            answers = _knapsack_in_every_mode(monkeypatch, facts, names, int(total * rng.uniform(0.05, 0.9)))
+            assert all(a == answers[-1] for a in answers)
+            found += answers[-1] is not None
+    assert found >= 20  # of 28: the rest ask for more than the subset holds
 
 
-def test_knapsack_answers_near_every_candidate_are_the_per_unit_tables(monkeypatch):
+def test_knapsack_answers_near_every_candidate_are_the_plain_tables(monkeypatch):
     """Needs close to every candidate's bytes, on random chains with few distinct sizes and
-    times (ties): there the staircases are held from high up (the later bundles leave little
-    room), and the per-unit table still gives the same sets."""
-    from slackswap.planners import selection
+    times (ties): there the walk back reads high up (the later bundles leave little room), and
+    the plain per-unit table still gives the same sets."""
     from slackswap.planners.common import facts_for
     from slackswap.workloads.synthetic import chain
 
@@ -121,10 +137,19 @@ def test_knapsack_answers_near_every_candidate_are_the_per_unit_tables(monkeypat
                   size_bytes=[rng.choice([100, 250, 1000, rng.randint(1, 5000)]) for _ in range(n)],
                   name=f"chain{case}")
         facts = facts_for(w)
-        names = list(facts.candidates)
-        total = sum(facts.size[t] for t in names)
-        need = int(total * rng.uniform(0.85, 1.0))
-        runs = selection.knapsack_min_time_of(facts, names, need)
-        with monkeypatch.context() as patched:
-            patched.setattr(selection, "_DENSE_RUNS_FRACTION", 10**9)
-            assert selection.knapsack_min_time_of(facts, names, need) == runs
+        total = sum(facts.size[t] for t in facts.candidates)
+        answers = _knapsack_in_every_mode(monkeypatch, facts, list(facts.candidates),
+                                          int(total * rng.uniform(0.85, 1.0)))
+        assert all(a == answers[-1] for a in answers)
+
+
+def test_a_table_bundle_from_a_low_unit_is_the_whole_bundle_there():
+    rng = random.Random(12)
+    for _ in range(1500):
+        cap = rng.randint(1, 50)
+        table = [0.0] + sorted(rng.choice([rng.random() * 5, math.inf]) for _ in range(cap))
+        w, c, low = rng.randint(0, cap + 3), rng.choice([0.0, 1.0, rng.random()]), rng.randint(0, cap + 1)
+        whole, part = list(table), list(table)
+        add_to_table(whole, w, c)
+        add_to_table(part, w, c, low)
+        assert part[low:] == whole[low:] and part[:low] == table[:low]

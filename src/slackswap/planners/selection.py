@@ -127,7 +127,8 @@ def knapsack_min_time_of(facts: Facts, names: Sequence[str], need_bytes: int) ->
     table: list[float] | None = None  # the per-unit values, once the staircase has too many runs
     before: list = []
     # The walk back from cap reads the program after bundle j only at cap minus at most the later
-    # bundles' weights, or more: below that each staircase holds the value there (fewer runs).
+    # bundles' weights, or more: below that each staircase holds the value there (fewer runs), and
+    # the per-unit table is not updated.
     later_units = sum(weight * count for (weight, _), count in bundles)
     for (weight, cost), count in bundles:
         w, c = weight * count, cost * count
@@ -139,7 +140,7 @@ def knapsack_min_time_of(facts: Facts, names: Sequence[str], need_bytes: int) ->
             runs = held_from(lower_envelope(runs, shifted(runs, w, c, cap, ceiling)), cap - later_units)
         else:
             before.append((table[:], w, c))
-            add_to_table(table, w, c)
+            add_to_table(table, w, c, cap - later_units)
     if value_of(runs if table is None else table, cap) == math.inf:
         return None
     counts: dict[tuple[int, float], int] = {}

@@ -92,15 +92,18 @@ def to_table(stairs: Staircase, cap: int) -> list[float]:
     return table
 
 
-def add_to_table(table: list[float], w: int, c: float) -> None:
+def add_to_table(table: list[float], w: int, c: float, low: int = 0) -> None:
     """``table`` (in place) -> min(table(b), table(max(0, b - w)) + c), every read from the table
-    before the change (one bundle of a 0-1 knapsack); the new value only where strictly lower."""
+    before the change (one bundle of a 0-1 knapsack); the new value only where strictly lower.
+    Only at ``low`` and above: below it the table is left as it was, for a caller that reads
+    nothing there."""
     cap = len(table) - 1
-    for b, shorter, current in zip(range(cap, w, -1), table[cap - w:0:-1], table[cap:w:-1]):
+    stop = max(w, low - 1)  # the first loop's last unit is stop + 1
+    for b, shorter, current in zip(range(cap, stop, -1), table[cap - w:stop - w:-1], table[cap:stop:-1]):
         if shorter + c < current:
             table[b] = shorter + c
     base = table[0] + c  # the bundle alone covers every need up to w
-    for b in range(min(w, cap), 0, -1):
+    for b in range(min(w, cap), max(0, low - 1), -1):
         if base < table[b]:
             table[b] = base
 
