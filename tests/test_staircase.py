@@ -96,7 +96,7 @@ def _knapsack_in_every_mode(monkeypatch, facts, names, need: int) -> list:
     with monkeypatch.context() as patched:
         patched.setattr(selection, "_DENSE_RUNS_FRACTION", 10**9)
         patched.setattr(selection, "_ceiling", lambda bundles, cap: math.inf)
-        patched.setattr(selection, "add_to_table", lambda table, w, c, low: staircase.add_to_table(table, w, c))
+        patched.setattr(selection, "add_to_table", lambda table, w, c, *limits: staircase.add_to_table(table, w, c))
         answers.append(selection.knapsack_min_time_of(facts, names, need))
     return answers
 
@@ -143,13 +143,16 @@ def test_knapsack_answers_near_every_candidate_are_the_plain_tables(monkeypatch)
         assert all(a == answers[-1] for a in answers)
 
 
-def test_a_table_bundle_from_a_low_unit_is_the_whole_bundle_there():
+def test_a_table_bundle_from_a_low_unit_and_to_a_ceiling_is_the_whole_bundle_there():
     rng = random.Random(12)
-    for _ in range(1500):
+    for _ in range(3000):
         cap = rng.randint(1, 50)
         table = [0.0] + sorted(rng.choice([rng.random() * 5, math.inf]) for _ in range(cap))
         w, c, low = rng.randint(0, cap + 3), rng.choice([0.0, 1.0, rng.random()]), rng.randint(0, cap + 1)
+        ceiling = rng.choice([math.inf, rng.uniform(0, 6)])
         whole, part = list(table), list(table)
         add_to_table(whole, w, c)
-        add_to_table(part, w, c, low)
-        assert part[low:] == whole[low:] and part[:low] == table[:low]
+        add_to_table(part, w, c, low, ceiling)
+        assert part[:low] == table[:low]
+        for b in range(low, cap + 1):
+            assert part[b] == whole[b] if whole[b] <= ceiling else part[b] > ceiling

@@ -140,7 +140,7 @@ def knapsack_min_time_of(facts: Facts, names: Sequence[str], need_bytes: int) ->
             runs = held_from(lower_envelope(runs, shifted(runs, w, c, cap, ceiling)), cap - later_units)
         else:
             before.append((table[:], w, c))
-            add_to_table(table, w, c, cap - later_units)
+            add_to_table(table, w, c, cap - later_units, ceiling)
     if value_of(runs if table is None else table, cap) == math.inf:
         return None
     counts: dict[tuple[int, float], int] = {}

@@ -92,20 +92,30 @@ def to_table(stairs: Staircase, cap: int) -> list[float]:
     return table
 
 
-def add_to_table(table: list[float], w: int, c: float, low: int = 0) -> None:
+def add_to_table(table: list[float], w: int, c: float, low: int = 0, ceiling: float = math.inf) -> None:
     """``table`` (in place) -> min(table(b), table(max(0, b - w)) + c), every read from the table
     before the change (one bundle of a 0-1 knapsack); the new value only where strictly lower.
     Only at ``low`` and above: below it the table is left as it was, for a caller that reads
-    nothing there."""
+    nothing there. And only where the new value is at most ``ceiling``: a value over it is left
+    as it was, for a caller to whom every value over it is the same (the table must be
+    non-decreasing from ``low - w`` on, exact up to ``ceiling`` and over it beyond)."""
     cap = len(table) - 1
     stop = max(w, low - 1)  # the first loop's last unit is stop + 1
-    for b, shorter, current in zip(range(cap, stop, -1), table[cap - w:stop - w:-1], table[cap:stop:-1]):
-        if shorter + c < current:
-            table[b] = shorter + c
+    if ceiling < math.inf and stop < cap:
+        # Units whose shorter value plus c is over the ceiling start at `over` + w.
+        over = bisect.bisect_right(table, ceiling, max(0, stop + 1 - w), cap - w + 1, key=lambda v: v + c)
+        top = min(cap, over - 1 + w)
+    else:
+        top = cap
+    if top > stop:
+        for b, shorter, current in zip(range(top, stop, -1), table[top - w:stop - w:-1], table[top:stop:-1]):
+            if shorter + c < current:
+                table[b] = shorter + c
     base = table[0] + c  # the bundle alone covers every need up to w
-    for b in range(min(w, cap), max(0, low - 1), -1):
-        if base < table[b]:
-            table[b] = base
+    if base <= ceiling:
+        for b in range(min(w, cap), max(0, low - 1), -1):
+            if base < table[b]:
+                table[b] = base
 
 
 def value_of(stairs_or_table: Staircase | list[float], b: int) -> float:
