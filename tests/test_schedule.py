@@ -271,3 +271,19 @@ def test_make_plan_groups_are_those_of_its_own_prefetch_steps():
         need = first_need_step(workload, plan.actions)
         moved += any(plan.prefetch_step[n] < need[n] for n in plan.prefetch_step) and bool(plan.recompute_groups)
     assert moved > 10  # copies issued before their need steps, with groups: the case the reuse is about
+
+
+def test_plans_outside_make_plan_are_still_checked_entry_by_entry():
+    """make_plan's plans skip the per-entry checks of their own actions and groups (plans.
+    derived_entries); a plan made afterwards, or from make_plan's own parts with a bad entry, is
+    checked as before."""
+    from slackswap.plans import Plan
+
+    w = chain(3)
+    plan = make_plan(w, {"a0": R}, policy="hand", budget_bytes=None)
+    assert plan.recompute_groups == {"op1": ("op0",)} and plan == Plan.from_dict(plan.to_dict())
+    with pytest.raises(ValidationError, match="actions"):
+        dataclasses.replace(plan, actions={**plan.actions, "a1": 3})
+    with pytest.raises(ValidationError, match="recompute_groups"):
+        dataclasses.replace(plan, recompute_groups={"op1": ("op0", 7)})
+    assert dataclasses.replace(plan, actions={**plan.actions, "a1": "swap"}).actions["a1"] is S

@@ -13,6 +13,8 @@ it is issued at and the step its copy starts at. Groups and schedule are derived
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import enum
 import json
 import math
@@ -255,9 +257,26 @@ class Plan:
         return cls.from_dict(read_json_file(path, "plan"))
 
 
+_DERIVED = contextvars.ContextVar("slackswap_plan_derived", default=False)
+
+
+@contextlib.contextmanager
+def derived_entries():
+    """Within it, a Plan made takes its actions and recompute groups as they are: for
+    schedule.make_plan, whose actions are Actions keyed by a workload's saved tensors and whose
+    groups are tuples of its ops, in dicts made for the plan (a planning call makes dozens of plans
+    and checking each of their hundreds of names cost a fifth of making one)."""
+    token = _DERIVED.set(True)
+    try:
+        yield
+    finally:
+        _DERIVED.reset(token)
+
+
 def _validate_plan(plan: Plan) -> None:
     """The checks every Plan passes, built in code or loaded: what the loader reads back equal.
-    Actions given as strings ('swap') become Actions; anything else is a ValidationError."""
+    Actions given as strings ('swap') become Actions; anything else is a ValidationError. Inside
+    derived_entries the actions and groups are taken as they are."""
     check_text(plan.workload_name, "plan.workload")
     check_text(plan.workload_fingerprint, "plan.workload_fingerprint")
     check_text(plan.policy, "plan.policy")
@@ -266,8 +285,9 @@ def _validate_plan(plan: Plan) -> None:
     for key in ("actions", "prefetch_step", "recompute_groups", "info"):
         if not isinstance(getattr(plan, key), Mapping):
             raise ValidationError(f"plan.{key} must be a dict, got {show(getattr(plan, key))}")
-    actions: dict[str, Action] = {}
-    for name, action in plan.actions.items():
+    derived = _DERIVED.get()
+    actions: dict[str, Action] = plan.actions if derived else {}
+    for name, action in () if derived else plan.actions.items():
         check_text(name, "plan.actions key")
         if not isinstance(action, Action):
             if not isinstance(action, str):
@@ -278,8 +298,8 @@ def _validate_plan(plan: Plan) -> None:
         if name not in actions:
             raise ValidationError(f"plan.prefetch_step names {show(name)}, which has no action: give it one or drop it")
         check_int(step, f"plan.prefetch_step[{name!r}]")
-    groups: dict[str, tuple[str, ...]] = {}
-    for reader, group in plan.recompute_groups.items():
+    groups: dict[str, tuple[str, ...]] = plan.recompute_groups if derived else {}
+    for reader, group in () if derived else plan.recompute_groups.items():
         check_text(reader, "plan.recompute_groups key")
         if not isinstance(group, (tuple, list)) or not all(is_text(op) for op in group):
             raise ValidationError(f"plan.recompute_groups[{reader!r}] must be a tuple of op names, got {show(group)}")

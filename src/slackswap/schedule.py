@@ -15,7 +15,7 @@ from typing import Any, Mapping, Sequence
 
 from .errors import PlanMismatchError, ValidationError
 from .hardware import Hardware
-from .plans import Action, CopyBack, ExecutionSchedule, Plan, RecomputeGroup
+from .plans import Action, CopyBack, ExecutionSchedule, Plan, RecomputeGroup, derived_entries
 from .workload import Workload, backward_step_of, op_of_backward_step  # noqa: F401 - re-exported
 
 
@@ -93,7 +93,8 @@ def derive_recompute_groups(
     by_name = workload.tensor_by_name
     last_reader = workload.last_bwd_reader
     resident: set[str] = {t.name for t in workload.tensors if t.producer is None}
-    resident |= {name for name, a in actions.items() if a is Action.KEEP}
+    keep = Action.KEEP
+    resident |= {name for name, a in actions.items() if a is keep}
     arrivals: dict[int, list[str]] = {}
     for name, step in prefetch_step.items():
         arrivals.setdefault(step, []).append(name)
@@ -104,14 +105,14 @@ def derive_recompute_groups(
     groups: dict[str, tuple[str, ...]] = {}
     bwd_reads = workload.bwd_reads
     last_read_of = workload.last_bwd_read_of
-    for k in range(n):
-        op_i = op_of_backward_step(n, k)
-        bwd_op = ops[op_i]
+    issuperset, difference_update = resident.issuperset, resident.difference_update
+    for k, bwd_op in enumerate(reversed(ops)):  # backward step k runs op n - 1 - k (op_of_backward_step)
+        op_i = n - 1 - k
         if k in arrivals:
             resident.update(arrivals[k])
-        if resident.issuperset(bwd_reads[bwd_op.name]):
+        if issuperset(bwd_reads[bwd_op.name]):
             # Nothing to rebuild before this step (most steps): only the reads it ends.
-            resident.difference_update(last_read_of[op_i])
+            difference_update(last_read_of[op_i])
             continue
         group: list[str] = []
         in_group: set[str] = set()
@@ -374,12 +375,13 @@ def make_plan(
             prefetch_step, groups = _first_need_and_groups(workload, full, regions)
     if groups is None:
         groups = derive_recompute_groups(workload, full, prefetch_step, regions)
-    return Plan(
-        workload_name=workload.name, workload_fingerprint=workload.fingerprint, policy=policy,
-        budget_bytes=budget_bytes, actions=full, prefetch_step=dict(prefetch_step),
-        recompute_groups=groups, schedule=derive_schedule(workload, prefetch_step, groups), info=dict(info or {}),
-        recompute_regions=regions,
-    )
+    schedule = derive_schedule(workload, prefetch_step, groups)
+    with derived_entries():  # ``full`` and ``groups`` are made above for this plan, from the workload
+        return Plan(
+            workload_name=workload.name, workload_fingerprint=workload.fingerprint, policy=policy,
+            budget_bytes=budget_bytes, actions=full, prefetch_step=dict(prefetch_step),
+            recompute_groups=groups, schedule=schedule, info=dict(info or {}), recompute_regions=regions,
+        )
 
 
 def _check_regions(workload: Workload, regions: Sequence[Sequence[str]]) -> None:
