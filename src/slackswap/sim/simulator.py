@@ -842,8 +842,10 @@ class _Simulation:
                             if actions[name] is swap:
                                 d2h_queue.append(name)
                                 queued_s[name] = now
-                        freed = [name for name in last_fwd_use_of_saved[op_index]
-                                 if actions[name] is recompute or (actions[name] is swap and name in d2h_done)]
+                        freed = last_fwd_use_of_saved[op_index]
+                        if freed:
+                            freed = [name for name in freed
+                                     if actions[name] is recompute or (actions[name] is swap and name in d2h_done)]
                     elif kind is _RECOMPUTE:
                         recompute_time += op.fwd_time_s
                         freed = ()
