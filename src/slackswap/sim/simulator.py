@@ -573,59 +573,85 @@ class _Simulation:
         at the first task that does not fit the budget."""
         # _try_compute and _end_compute in one loop, without what only copies need: no task waits
         # for data (nothing is swapped), so none stalls, and no event but the task's end is ever
-        # queued. The state a fork copies (_lift_budget) is kept on the object as those keep it.
+        # queued. The state is in local variables, stored on the object as those keep it where a
+        # fork copies it (_lift_budget) and at the end.
         tasks, n_tasks, ops = self.tasks, self.n_tasks, self.w.ops
         saved_outputs, size, present, events = self.saved_outputs, self.size, self.present, self.events
+        output_bytes = _setup_of(self.w).saved_output_bytes
         last_fwd_use_of_saved, last_bwd_read_of = self.w.last_fwd_use_of_saved, self.w.last_bwd_read_of
-        last_bwd_reader, actions, memory = self.w.last_bwd_reader, self.actions, self.memory
-        recompute, n, log = Action.RECOMPUTE, self.n, self.log
-        while self.ci < n_tasks:
-            task = tasks[self.ci]
+        last_bwd_reader, actions, memory, trigger_s = self.w.last_bwd_reader, self.actions, self.memory, self.trigger_s
+        recompute, n, log, budget = Action.RECOMPUTE, self.n, self.log, self.budget
+        now, mem, peak, seq, ci, recompute_time = self.now, self.mem, self.peak, self.seq, self.ci, self.recompute_time
+        group_allocs, fwd_done_upto, triggered = self.group_allocs, self.fwd_done_upto, self.triggered_step
+        ended, idle_since, ready_at = self.compute_end_s, self.idle_since, self.data_ready_at
+        while ci < n_tasks:
+            task = tasks[ci]
             kind, op_index = task.kind, task.op_index
             op = ops[op_index]
-            start = self.data_ready_at = self.now
-            if kind == _BACKWARD:
+            if kind is _BACKWARD:
                 alloc, alloc_bytes = (), 0
+            elif present.isdisjoint(saved_outputs[op_index]):  # as always in forward
+                alloc, alloc_bytes = saved_outputs[op_index], output_bytes[op_index]
             else:
                 alloc = [o for o in saved_outputs[op_index] if o not in present]
                 alloc_bytes = 0
                 for name in alloc:
                     alloc_bytes += size[name]
-            if self.mem + alloc_bytes > self.budget and not self._lift_budget():
-                self._raise_infeasible()
+            if mem + alloc_bytes > budget:
+                self.now, self.mem, self.peak, self.seq, self.ci = now, mem, peak, seq, ci
+                self.recompute_time, self.group_allocs, self.fwd_done_upto = recompute_time, group_allocs, fwd_done_upto
+                self.triggered_step, self.data_ready_at = triggered, now
+                self.compute_end_s, self.idle_since = ended, idle_since
+                if not self._lift_budget():
+                    self._raise_infeasible()
+                budget = self.budget
+            start = now
             if alloc:
-                self._alloc(alloc)
-                if kind == _RECOMPUTE:
-                    self.group_allocs.extend(alloc)
-            self.seq += 1  # the task's end, as _try_compute queues it
-            now = self.now = start + (op.bwd_time_s if kind == _BACKWARD else op.fwd_time_s)
+                for name in alloc:
+                    present.add(name)
+                    mem += size[name]
+                    if log is not None:
+                        log.append((now, name, True))
+                if mem > peak:
+                    peak = mem
+                memory.append((now, mem))
+                if kind is _RECOMPUTE:
+                    group_allocs.extend(alloc)
+            seq += 1  # the task's end, as _try_compute queues it
+            now = start + (op.bwd_time_s if kind is _BACKWARD else op.fwd_time_s)
             events.append(("compute", kind, op.name, start, now, alloc_bytes, task.step))
             freed = ()
-            if kind == _FORWARD:
-                self.fwd_done_upto = op_index
-                freed = [name for name in last_fwd_use_of_saved[op_index] if actions[name] is recompute]
-            elif kind == _RECOMPUTE:
-                self.recompute_time += op.fwd_time_s
+            if kind is _FORWARD:
+                fwd_done_upto = op_index
+                freed = last_fwd_use_of_saved[op_index]
+                if freed:
+                    freed = [name for name in freed if actions[name] is recompute]
+            elif kind is _RECOMPUTE:
+                recompute_time += op.fwd_time_s
                 if task.last_of_group:
                     current = op_of_backward_step(n, task.step)
-                    freed = [name for name in self.group_allocs
+                    freed = [name for name in group_allocs
                              if not (actions[name] is recompute and last_bwd_reader[name] <= current)]
-                    self.group_allocs = []
+                    group_allocs = []
             else:
                 freed = last_bwd_read_of[op_index]
             for name in freed:
                 if name in present:
                     present.discard(name)
-                    self.mem -= size[name]
+                    mem -= size[name]
                     if log is not None:
                         log.append((now, name, False))
-                    memory.append((now, self.mem))
-            self.compute_end_s = self.idle_since = now
-            ci = self.ci = self.ci + 1
-            self.data_ready_at = None
+                    memory.append((now, mem))
+            ended = idle_since = now
+            ready_at = None
+            ci += 1
             if ci < n_tasks and tasks[ci].first_of_step:
-                step = self.triggered_step = tasks[ci].step
-                self.trigger_s[step] = now
+                triggered = tasks[ci].step
+                trigger_s[triggered] = now
+        self.now, self.mem, self.peak, self.seq, self.ci = now, mem, peak, seq, ci
+        self.recompute_time, self.group_allocs, self.fwd_done_upto = recompute_time, group_allocs, fwd_done_upto
+        self.triggered_step, self.data_ready_at = triggered, ready_at
+        self.compute_end_s, self.idle_since = ended, idle_since
 
     def _run_with_copies(self) -> bool:
         """``_dispatch`` then ``_run_events`` in one function, for a plan that copies: the same steps
