@@ -274,6 +274,11 @@ def alone(layer_counts: list[int], fraction: float = 0.5) -> list[dict]:
 
 def speed_markdown(speed: dict) -> str:
     rows = speed["rows"]
+    current_layers = [r["layers"] for r in rows if r["layers"] is not None and "current_s" in r]
+    current_stop = (f"this version ran every layer count up to {SCALING_LAYERS[-1]:,}"
+                    if current_layers == SCALING_LAYERS else
+                    f"this version was stopped after {max(current_layers, default=0):,} layers, a run over "
+                    f"{CURRENT_STOP_AFTER_CPU_SECONDS:.0f} s of CPU")
     lines = ["# Planning speed: `slackswap`, this version against a previous one", "",
              f"Hardware preset {HARDWARE}, budget {speed['fraction']:.0%} of each workload's unconstrained "
              f"activation peak. Machine: {platform.processor() or platform.machine()}, Python "
@@ -284,8 +289,7 @@ def speed_markdown(speed: dict) -> str:
              f"before the clock starts), wall and CPU; median of {speed['repeats']} runs for the built-in "
              f"models, the profiled workloads and the gpt2-xl series up to {SCALING_REPEATS_UP_TO} layers, one run per layer count "
              f"beyond (the previous version is not run on longer models once a run takes over "
-             f"{STOP_AFTER_CPU_SECONDS:.0f} s of CPU; this version runs every layer count up to "
-             f"{SCALING_LAYERS[-1]:,}). Previous version: commit {speed['previous']}; this version: "
+             f"{STOP_AFTER_CPU_SECONDS:.0f} s of CPU; {current_stop}). Previous version: commit {speed['previous']}; this version: "
              f"{speed['commit']}. Run on {speed['when'][0]}-{speed['when'][1][-5:]} UTC. Machine load (1/5/15-minute "
              f"load averages, 2 cores): {_load(speed['load'][0])} at the start, {_load(speed['load'][1])} at the "
              "end; under load the wall time is mostly waiting for a core, so the CPU columns are the comparison.", "",
