@@ -11,7 +11,7 @@ simulator for the plan's real peak and raises ``need`` by the overshoot until it
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from ..plans import Action, Plan
 from ..workload import Workload
@@ -72,6 +72,17 @@ def workload_memo(facts: Facts, kind: str) -> dict:
     if len(memo) >= _MEMO_ENTRIES:
         memo.clear()
     return memo
+
+
+def remembered_plan(kind: str, planner: Callable[[Workload, Any, int], Plan], workload: Workload, hardware,
+                    budget_bytes: int) -> Plan:
+    """``planner``'s plan, remembered per workload (workload_memo of ``kind``), link and budget, for
+    a plan `slackswap` asks for more than once in one call."""
+    memo = workload_memo(facts_for(workload), kind)
+    key = (hardware, budget_bytes)
+    if key not in memo:
+        memo[key] = planner(workload, hardware, budget_bytes)
+    return memo[key]
 
 
 def knapsack_min_time(facts: Facts, names: Sequence[str], need_bytes: int) -> list[str] | None:

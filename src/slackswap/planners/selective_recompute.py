@@ -22,7 +22,7 @@ from ..workload import Workload
 from .common import (block_layers, build, evaluate, facts_for, fewest_that_fit, natural_peak_bytes,
                      policy_cannot_fit)
 from .full_recompute import block_recompute_actions
-from .selection import workload_memo
+from .selection import remembered_plan
 
 CORE_KINDS = ("attention", "bmm")
 
@@ -79,11 +79,7 @@ def core_attention_actions(workload: Workload) -> dict[str, Action]:
 def plan_selective_recompute(workload: Workload, hardware: Hardware, budget_bytes: int) -> Plan:
     """The plan, remembered per workload, link and budget: `slackswap` asks for it twice in one
     call (recompute-optimal's layer-wise candidates, and rule 6's starts)."""
-    memo = workload_memo(facts_for(workload), "selective-recompute")
-    key = (hardware, budget_bytes)
-    if key not in memo:
-        memo[key] = selective_plan(workload, hardware, budget_bytes)
-    return memo[key]
+    return remembered_plan("selective-recompute", selective_plan, workload, hardware, budget_bytes)
 
 
 def selective_plan(workload: Workload, hardware: Hardware, budget_bytes: int) -> Plan:

@@ -16,17 +16,13 @@ from ..plans import Plan
 from ..workload import Workload
 from .common import build, facts_for, natural_peak_bytes, policy_cannot_fit
 from .search import Search
-from .selection import actions_for, cheapest_per_byte, fit_need, keep_all_peak_bytes, workload_memo
+from .selection import actions_for, cheapest_per_byte, fit_need, keep_all_peak_bytes, remembered_plan
 
 
 def plan_slackswap_paper(workload: Workload, hardware: Hardware, budget_bytes: int) -> Plan:
     """The paper's plan, remembered per workload, link and budget: `slackswap` asks for it twice
     in one call (as a start, rule 6, and to compare with, rule 11)."""
-    memo = workload_memo(facts_for(workload), "slackswap-paper")
-    key = (hardware, budget_bytes)
-    if key not in memo:
-        memo[key] = paper_plan(workload, hardware, budget_bytes)
-    return memo[key]
+    return remembered_plan("slackswap-paper", paper_plan, workload, hardware, budget_bytes)
 
 
 def paper_plan(workload: Workload, hardware: Hardware, budget_bytes: int) -> Plan:
