@@ -72,3 +72,34 @@ def test_a_fork_at_the_step_inputs_raises_as_the_run_from_the_start():
     free, _, under, did_fork = forked(w, HW, plan, 40)
     assert did_fork and free.peak_memory_bytes > 40
     assert "step inputs alone" in under[0] and under == run_under(w, HW, plan, 40)
+
+
+def test_memory_records_hold_the_samples_the_timeline_would_hold():
+    """With ``memory_records`` the samples go to the list, in order, and the Timeline holds none;
+    everything else is as without (simulate, the unlimited run, and the fork's run)."""
+    w = build_model_workload("gpt2-xl", HW, layers=2)
+    names = [t.name for t in w.saved_tensors if t.producer is not None]
+    rng = random.Random(3)
+    forks = 0
+    for _ in range(30):
+        plan = make_plan(w, {n: rng.choice((Action.KEEP, Action.SWAP, Action.RECOMPUTE)) for n in names},
+                         policy="t", budget_bytes=None, hardware=HW)
+        plain = simulate(w, HW, plan, math.inf, check=False)
+        samples: list = []
+        kept = simulate(w, HW, plan, math.inf, check=False, memory_records=samples)
+        assert kept.memory == () and len(samples) > 1 and dataclasses.replace(kept, memory=tuple(samples)) == plain
+        budget = int(plain.peak_memory_bytes * rng.uniform(0.9, 0.99))
+        free_samples: list = []
+        free, resume = simulate_unlimited_with_fork(w, HW, plan, budget, memory_records=free_samples)
+        assert dataclasses.replace(free, memory=tuple(free_samples)) == plain
+        if resume is None:
+            continue
+        under_samples: list = []
+        try:
+            under = resume(None, under_samples)
+        except InfeasiblePlanError:
+            continue
+        forks += 1
+        assert under.memory == () and dataclasses.replace(under, memory=tuple(under_samples)) == simulate(
+            w, HW, plan, budget, check=False)
+    assert forks >= 3

@@ -1010,6 +1010,7 @@ def simulate(
     check: bool = True,
     tensor_log: list | None = None,
     event_records: list | None = None,
+    memory_records: list | None = None,
 ) -> Timeline:
     """Simulate one training step of ``workload`` on ``hardware`` under ``plan``.
 
@@ -1021,7 +1022,9 @@ def simulate(
     device, in order (slackswap.memory replays them through the allocator model).
     ``event_records``, when given, receives the events' fields as tuples in order
     (``Event(*record)`` is the event) and the Timeline's ``events`` stay empty: the planners
-    simulate hundreds of plans and read the events of a few.
+    simulate hundreds of plans and read the events of a few. ``memory_records``, when given, receives
+    the memory samples ``(time_s, bytes)`` in order and the Timeline's ``memory`` stays empty: a
+    Timeline checks every sample it holds, and planners read only the totals.
     """
     if check:
         check_plan(workload, plan)
@@ -1035,26 +1038,31 @@ def simulate(
         budget_bytes = None
     sim = _Simulation(workload, hardware, plan, math.inf if budget_bytes is None else budget_bytes, tensor_log)
     sim.run()
-    return _timeline(sim, budget_bytes, event_records)
+    return _timeline(sim, budget_bytes, event_records, memory_records)
 
 
-def _timeline(sim: _Simulation, budget_bytes: int | float | None, event_records: list | None) -> Timeline:
+def _timeline(sim: _Simulation, budget_bytes: int | float | None, event_records: list | None,
+              memory_records: list | None = None) -> Timeline:
+    if memory_records is not None:
+        memory_records.extend(sim.memory)
     return Timeline(
         workload_name=sim.w.name, hardware_name=sim.hw.name, policy=sim.plan.policy,
         budget_bytes=budget_bytes, step_time_s=sim.compute_end_s, ideal_step_time_s=sim.w.ideal_step_time_s,
         peak_memory_bytes=sim.peak, d2h_bytes=sim.d2h_bytes, h2d_bytes=sim.h2d_bytes,
         recompute_time_s=sim.recompute_time, stall_copy_s=sim.stall_copy, stall_memory_s=sim.stall_memory,
-        events=events_of(sim.events, event_records), memory=tuple(sim.memory),
+        events=events_of(sim.events, event_records), memory=() if memory_records is not None else tuple(sim.memory),
     )
 
 
 def simulate_unlimited_with_fork(
     workload: Workload, hardware: Hardware, plan: Plan, budget_bytes: int, *, event_records: list | None = None,
-) -> tuple[Timeline, Callable[[list | None], Timeline] | None]:
-    """``simulate(workload, hardware, plan, math.inf, check=False, event_records=...)``, and the run
-    under ``budget_bytes`` without its first part: the two runs are the same until a memory check
-    first fails under the budget, where the state is copied; ``resume(event_records)`` runs that
-    copy on and returns what ``simulate(..., budget_bytes, check=False, event_records=...)`` would
+    memory_records: list | None = None,
+) -> tuple[Timeline, Callable[..., Timeline] | None]:
+    """``simulate(workload, hardware, plan, math.inf, check=False, event_records=..., memory_records=...)``,
+    and the run under ``budget_bytes`` without its first part: the two runs are the same until a memory
+    check first fails under the budget, where the state is copied; ``resume(event_records, memory_records)``
+    runs that copy on and returns what ``simulate(..., budget_bytes, check=False, event_records=...,
+    memory_records=...)`` would
     (or raises its InfeasiblePlanError). ``resume`` is None when the budget never binds: the run
     under it is the unlimited run (its peak is within the budget). Planners size a plan by its
     unlimited peak and then need its run under the budget (selection.fit_need)."""
@@ -1064,14 +1072,14 @@ def simulate_unlimited_with_fork(
         check_host_memory(workload, hardware, plan)
     sim = _Simulation(workload, hardware, plan, budget_bytes, lift_to=math.inf)
     sim.run()
-    free = _timeline(sim, None, event_records)
+    free = _timeline(sim, None, event_records, memory_records)
     fork = sim.fork
     if fork is None:
         return free, None
 
-    def resume(records: list | None = None) -> Timeline:
+    def resume(records: list | None = None, memory_records: list | None = None) -> Timeline:
         fork.resume()
-        return _timeline(fork, budget_bytes, records)
+        return _timeline(fork, budget_bytes, records, memory_records)
     return free, resume
 
 
