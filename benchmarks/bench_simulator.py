@@ -14,7 +14,8 @@ process, alternating: for each model the ideal and mixed plans above and every s
 and replayed in both: the plan, the budget, and whether the run keeps a fork; forks resumed),
 in process CPU time, with whether both versions' timelines, events and tensor logs are identical.
 
-    .venv/bin/python benchmarks/bench_simulator.py --previous COMMIT [--runs 7] [--output FILE]
+    .venv/bin/python benchmarks/bench_simulator.py --previous COMMIT --runs 5 \\
+        --output benchmarks/results/simulator-side-by-side.md
 """
 
 from __future__ import annotations
@@ -165,7 +166,9 @@ def side_by_side(previous: str, runs: int) -> str:
         f"version (alternating; the table gives the lower of the two medians). Hardware preset `{PLANNING_HARDWARE}`,",
         f"Python {platform.python_version()} on {platform.machine()}. \"Identical\": both versions' timelines (with",
         "events and memory samples), forks' runs or errors and tensor logs are equal.",
-        f"Command: `.venv/bin/python benchmarks/bench_simulator.py --previous {previous}`.", "",
+        f"Command: `.venv/bin/python benchmarks/bench_simulator.py --previous {previous} --runs {runs} "
+        "--output benchmarks/results/simulator-side-by-side.md`; load average at the start: "
+        f"{os.getloadavg()[0]:.1f} (the machine is shared; CPU time is the comparison).", "",
         "| model | case | simulations | previous (ms CPU) | this version (ms CPU) | ratio | identical |",
         "|---|---|---:|---:|---:|---:|---|",
     ]
@@ -190,7 +193,8 @@ def main(argv: list[str] | None = None) -> int:
         table = side_by_side(args.previous, args.runs)
         print(table)
         if args.output:
-            Path(args.output).write_text(table + "\n", encoding="utf-8")
+            Path(args.output).write_text("# Simulator speed, side by side with a previous version\n\n" + table + "\n",
+                                         encoding="utf-8")
         return 0 if "| NO |" not in table else 1
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
