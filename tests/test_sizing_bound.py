@@ -5,6 +5,7 @@ does not."""
 
 from __future__ import annotations
 
+import math
 import random
 import types
 
@@ -84,7 +85,7 @@ def fake_family(breaks, cost, wait, peak, extra, budget_bytes):
     return evaluate, (lambda need: 1.0 + cost[plan_of(need)]), plan_of
 
 
-def sized(monkeypatch, family, start: int, *, bounded: bool, stalls: bool = True):
+def sized(monkeypatch, family, start: int, *, bounded: bool, stalls: bool = True, beat_s: float | None = None):
     """fit_need over a fake family from ``start``, with the bound or without; returns its answer
     and what it did, in order: ("make", need), ("bound", need), ("simulate", need, unlimited)."""
     evaluate, floor, _ = family
@@ -105,7 +106,7 @@ def sized(monkeypatch, family, start: int, *, bounded: bool, stalls: bool = True
 
     monkeypatch.setattr(search, "evaluate", counted)
     best = selection.fit_need(search, start, make, allow_memory_stalls=stalls, rounds=14,
-                              step_floor_from=bound if bounded else None)
+                              step_floor_from=bound if bounded else None, beat_s=beat_s)
     return best, events
 
 
@@ -131,7 +132,8 @@ def test_a_wrong_guess_is_found_and_its_best_is_the_answer(monkeypatch):
 def test_the_bound_gives_the_sizing_without_it_on_random_families(monkeypatch):
     """300 random families (plans changing at random needs, costs rising, random waits, peaks
     falling about a byte per byte of need with random bumps), with and without waits for memory:
-    the same plan as the sizing that simulates every probe, with fewer simulations in all."""
+    the same plan as the sizing that simulates every probe, with fewer simulations in all; and
+    with ``beat_s``, that plan where it runs in at most ``beat_s``, else None."""
     rng = random.Random(11)
     simulations = {False: 0, True: 0}
     for case in range(300):
@@ -153,6 +155,12 @@ def test_the_bound_gives_the_sizing_without_it_on_random_families(monkeypatch):
             # A plan simulated again is answered from the search's memo: count each plan and limit once.
             simulations[bounded] += len({(family[2](e[1]), e[2]) for e in events if e[0] == "simulate"})
         assert found[True] == found[False], case
+        # Wanting only a plan at most as fast as a bar: the same plan where it is, else None.
+        if found[False] is not None:
+            for beat_s in (found[False][1], math.nextafter(found[False][1], 0.0), found[False][1] + 0.003):
+                best, _ = sized(monkeypatch, family, start, bounded=True, stalls=stalls, beat_s=beat_s)
+                wanted = found[False] if found[False][1] <= beat_s else None
+                assert (None if best is None else (best.need, best.step_time_s)) == wanted, (case, beat_s)
     assert simulations[True] < simulations[False]
 
 

@@ -206,6 +206,7 @@ def fit_need(
     allow_memory_stalls: bool = False,
     rounds: int = 10,
     step_floor_from: Callable[[int], float] | None = None,
+    beat_s: float | None = None,
 ) -> Candidate | None:
     """Size a plan family ``make(need)`` to the search's budget: the fastest plan found that fits, or None.
 
@@ -223,11 +224,17 @@ def fit_need(
     bisection would go on above it, finding nothing faster; so if the guess let a faster plan be
     found, the guesses are checked in turn (one simulation each) and the first wrong one's best
     is the answer. Same answer, fewer simulations.
+
+    ``beat_s``: only a plan that runs in at most ``beat_s`` is wanted; the answer is then the same
+    plan where it does and None where it does not, and the plans it rules out are not simulated
+    under the budget, nor guessed at by the bound.
     """
     budget_bytes = search.budget_bytes
     total = max(1, keep_all_peak_bytes_of(search.workload))
     need = max(0, initial_need_bytes)
-    best: Candidate | None = None
+    # With beat_s the best so far starts as a bar just above it, never returned.
+    bar = None if beat_s is None else _Bar(math.nextafter(beat_s, math.inf))
+    best: Candidate | _Bar | None = bar
     high = None  # smallest need known to clear
     grown: tuple[int, int] | None = None  # (need, peak) of the last step of the growth phase
     seen: dict[int, bool] = {}
@@ -296,8 +303,16 @@ def fit_need(
             break  # nothing faster found since this guess: its answer either way
         plan = make(guessed)
         if plan is None or search.evaluate(plan, unlimited=True).timeline.peak_memory_bytes > budget_bytes:
-            return best_then
-    return best
+            best = best_then
+            break
+    return None if best is bar else best
+
+
+class _Bar:
+    """fit_need's best so far before any plan, with ``beat_s``: only a faster plan replaces it."""
+
+    def __init__(self, step_time_s: float) -> None:
+        self.step_time_s = step_time_s
 
 
 def keep_all_peak_bytes_of(workload: Workload) -> int:

@@ -15,7 +15,7 @@ from ..hardware import Hardware
 from ..plans import Plan
 from ..workload import Workload
 from .common import build, facts_for, natural_peak_bytes, policy_cannot_fit
-from .search import Search
+from .search import Search, recompute_step_floor
 from .selection import actions_for, cheapest_per_byte, fit_need, keep_all_peak_bytes, remembered_plan
 
 
@@ -25,13 +25,15 @@ def plan_slackswap_paper(workload: Workload, hardware: Hardware, budget_bytes: i
     return remembered_plan("slackswap-paper", paper_plan, workload, hardware, budget_bytes)
 
 
-def paper_plan(workload: Workload, hardware: Hardware, budget_bytes: int) -> Plan:
+def paper_plan(workload: Workload, hardware: Hardware, budget_bytes: int, *, beat_s: float | None = None) -> Plan | None:
+    """The paper's plan; with ``beat_s``, None unless it runs in at most ``beat_s`` (then it is the
+    same plan: selection.fit_need)."""
     facts = facts_for(workload)
     slack_s = facts.forward_time_s
     order = {n: i for i, n in enumerate(facts.candidates)}
     by_value = sorted(facts.candidates, key=lambda n: (-facts.rebuild_time_s[n] / facts.size[n], order[n]))
 
-    def make(need: int) -> Plan:
+    def swaps_for(need: int) -> tuple[list[str], int]:
         swapped: list[str] = []
         off = 0
         used_s = 0.0
@@ -43,6 +45,10 @@ def paper_plan(workload: Workload, hardware: Hardware, budget_bytes: int) -> Pla
                 swapped.append(name)
                 off += facts.size[name]
                 used_s += transfer_s
+        return swapped, off
+
+    def make(need: int) -> Plan:
+        swapped, off = swaps_for(need)
         taken = set(swapped)
         rest = [n for n in facts.candidates if n not in taken]
         recompute = cheapest_per_byte(facts, rest, need - off)
@@ -51,7 +57,15 @@ def paper_plan(workload: Workload, hardware: Hardware, budget_bytes: int) -> Pla
                            "slack_s": slack_s, "need_bytes": need})
 
     search = Search(workload, hardware, budget_bytes, "slackswap-paper")
-    best = fit_need(search, keep_all_peak_bytes(facts) - budget_bytes, make, allow_memory_stalls=True)
+    # Past the bytes of every swap within the slack, every plan swaps them all (the scan of make
+    # runs to the end) and recomputes the rest of the need: search.recompute_step_floor bounds it.
+    swapped, off = swaps_for(keep_all_peak_bytes(facts) + 1)
+    taken = set(swapped)
+    floor = recompute_step_floor(search, off, [n for n in facts.candidates if n not in taken])
+    best = fit_need(search, keep_all_peak_bytes(facts) - budget_bytes, make, allow_memory_stalls=True,
+                    step_floor_from=floor, beat_s=beat_s)
+    if best is None and beat_s is not None:
+        return None
     if best is None:
         plan = make(keep_all_peak_bytes(facts))
         raise policy_cannot_fit("slackswap-paper", budget_bytes, natural_peak_bytes(workload, hardware, plan),
