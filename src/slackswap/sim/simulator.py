@@ -11,6 +11,7 @@ import copy
 import heapq
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Callable
 
 from ..errors import InfeasiblePlanError
@@ -142,13 +143,7 @@ class _Simulation:
         self.n = n
         self.tasks = self._build_tasks(setup)
         self.n_tasks = len(self.tasks)
-        # Per op, the swapped tensors its backward reads and its forward inputs: what a backward or
-        # recompute task may wait for (looked up once per simulation, not once per try). Only the
-        # ops that read a swapped tensor are looked at; the others wait for nothing.
-        swap = Action.SWAP
-        swapped = {name for name, a in plan.actions.items() if a is swap}
-        self.swapped_bwd_reads = _swapped_of(swapped, setup.bwd_readers, setup.bwd_reads, n)
-        self.swapped_inputs = _swapped_of(swapped, setup.fwd_readers, setup.inputs, n)
+        self.setup = setup
         self.heap: list = []
         self.seq = 0
         self.now = 0.0
@@ -195,6 +190,23 @@ class _Simulation:
         self.stall_memory = 0.0
 
     # ---- setup ----------------------------------------------------------------------
+    # Per op, the swapped tensors its backward reads and its forward inputs: what a backward or
+    # recompute task may wait for (found once per simulation, not once per try; the fused loops
+    # look at the op's reads themselves, which costs less than finding these). Only the ops that
+    # read a swapped tensor are looked at; the others wait for nothing.
+    @cached_property
+    def _swapped(self) -> set[str]:
+        swap = Action.SWAP
+        return {name for name, a in self.actions.items() if a is swap}
+
+    @cached_property
+    def swapped_bwd_reads(self) -> list[tuple[str, ...]]:
+        return _swapped_of(self._swapped, self.setup.bwd_readers, self.setup.bwd_reads, self.n)
+
+    @cached_property
+    def swapped_inputs(self) -> list[tuple[str, ...]]:
+        return _swapped_of(self._swapped, self.setup.fwd_readers, self.setup.inputs, self.n)
+
     def _build_tasks(self, setup: "_Setup") -> list[_Task]:
         # Tasks are never changed once made, so the forward and backward ones are shared by every
         # simulation of the workload (a backward task comes in two: first of its step or not), and
@@ -666,7 +678,7 @@ class _Simulation:
         output_bytes = _setup_of(self.w).saved_output_bytes
         events, memory, log = self.events, self.memory, self.log
         actions, prefetch, swap, recompute = self.actions, self.plan.prefetch_step, Action.SWAP, Action.RECOMPUTE
-        swapped_inputs, swapped_bwd_reads = self.swapped_inputs, self.swapped_bwd_reads
+        bwd_reads, inputs = self.setup.bwd_reads, self.setup.inputs
         last_fwd_use_of_saved, last_bwd_read_of = self.w.last_fwd_use_of_saved, self.w.last_bwd_read_of
         last_bwd_reader, last_fwd_use = self.w.last_bwd_reader, self.w.last_fwd_use
         d2h_queue, queued_s, d2h_done, d2h_end_s = self.d2h_queue, self.queued_s, self.d2h_done, self.d2h_end_s
@@ -695,13 +707,14 @@ class _Simulation:
                     go = True
                     if ready_at is None:
                         if kind is _RECOMPUTE:
-                            for name in swapped_inputs[op_index]:
-                                if prefetch[name] <= task.step and name not in h2d_done:
+                            for name in inputs[op_index]:  # the swapped ones: swapped_inputs
+                                if (name not in h2d_done and actions.get(name) is swap
+                                        and prefetch[name] <= task.step):
                                     go = False
                                     break
                         elif kind is _BACKWARD:
-                            for name in swapped_bwd_reads[op_index]:
-                                if name not in h2d_done:
+                            for name in bwd_reads[op_index]:  # the swapped ones: swapped_bwd_reads
+                                if name not in h2d_done and actions.get(name) is swap:
                                     go = False
                                     break
                         if go:
