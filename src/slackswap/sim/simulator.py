@@ -173,7 +173,6 @@ class _Simulation:
         self.d2h_end_s: dict[str, float] = {}  # when each copy out ended
         self.last_copy_end_s = {"d2h": -math.inf, "h2d": -math.inf}
         self.h2d_order = [c.tensor for c in plan.schedule.copy_backs]
-        self.h2d_position = {name: i for i, name in enumerate(self.h2d_order)}
         self.h2d_head = 0
         # The backward step the head of the copy-back order waits for (set when it was tried too
         # early): until that step triggers, trying the stream again changes nothing.
@@ -206,6 +205,11 @@ class _Simulation:
     @cached_property
     def swapped_inputs(self) -> list[tuple[str, ...]]:
         return _swapped_of(self._swapped, self.setup.fwd_readers, self.setup.inputs, self.n)
+
+    @cached_property
+    def h2d_position(self) -> dict[str, int]:
+        """Each copy back's place in the copy-back order (read only when a copy may go out of order)."""
+        return {name: i for i, name in enumerate(self.h2d_order)}
 
     def _build_tasks(self, setup: "_Setup") -> list[_Task]:
         # Tasks are never changed once made, so the forward and backward ones are shared by every
