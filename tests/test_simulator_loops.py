@@ -37,9 +37,9 @@ def _plain_run(run: sim_module._Simulation, *, fork: bool) -> None:
     run._run_events()
 
 
-def outcome(workload, hw, plan, budget, lift_to, *, plain):
+def outcome(workload, hw, plan, budget, lift_to, *, plain, logged=True):
     """(timeline, the fork's timeline or error or None, tensor log), or ("infeasible", error, log)."""
-    log: list = []
+    log: list | None = [] if logged else None
     shown = None if math.isinf(budget) else budget
     run = sim_module._Simulation(workload, hw, plan, budget, log, lift_to=lift_to)
     try:
@@ -62,13 +62,21 @@ def _out_of_order(plan, timeline) -> bool:
     return copied_back != [c.tensor for c in plan.schedule.copy_backs if c.tensor in copied_back]
 
 
+def fused_as_plain(workload, hw, plan, budget, lift_to):
+    """The fused loop's outcome, after checking it equals the plain loop's, and that without a tensor
+    log (as planners run) it gives the same timelines, forks and errors."""
+    fused = outcome(workload, hw, plan, budget, lift_to, plain=False)
+    assert fused == outcome(workload, hw, plan, budget, lift_to, plain=True)
+    assert outcome(workload, hw, plan, budget, lift_to, plain=False, logged=False)[:2] == fused[:2]
+    return fused
+
+
 def _compare(workload, hw, plans_and_budgets):
     """How many runs failed, forked, fitted, and (of those that ran) stalled for a copy and for memory."""
     kinds = {"infeasible": 0, "forked": 0, "fits": 0, "stall copy": 0, "stall memory": 0, "out of order": 0}
     for plan, budget in plans_and_budgets:
         for lift_to in (None, math.inf):
-            fused = outcome(workload, hw, plan, budget, lift_to, plain=False)
-            assert fused == outcome(workload, hw, plan, budget, lift_to, plain=True)
+            fused = fused_as_plain(workload, hw, plan, budget, lift_to)
             kinds["infeasible" if fused[0] == "infeasible" else "forked" if fused[1] else "fits"] += 1
             ran = [t for t in fused[:2] if isinstance(t, sim_module.Timeline)]
             kinds["stall copy"] += any(t.stall_copy_s > 0 for t in ran)
@@ -132,8 +140,7 @@ def test_copy_loop_matches_the_event_loop_on_small_random_cases():
         workload, hardware, plan, budget = case
         budget = math.inf if budget is None else budget
         for lift_to in (None, math.inf):
-            fused = outcome(workload, hardware, plan, budget, lift_to, plain=False)
-            assert fused == outcome(workload, hardware, plan, budget, lift_to, plain=True)
+            fused = fused_as_plain(workload, hardware, plan, budget, lift_to)
             if fused[0] == "infeasible":
                 seen["infeasible"] += 1
                 continue

@@ -623,10 +623,13 @@ class _Simulation:
                 budget = self.budget
             start = now
             if alloc:
-                for name in alloc:
-                    present.add(name)
-                    mem += size[name]
-                    if log is not None:
+                if log is None:
+                    present.update(alloc)
+                    mem += alloc_bytes  # their sizes' sum
+                else:
+                    for name in alloc:
+                        present.add(name)
+                        mem += size[name]
                         log.append((now, name, True))
                 if mem > peak:
                     peak = mem
@@ -746,10 +749,13 @@ class _Simulation:
                                 stall_memory += now - ready_at
                                 events.append(("compute", "stall_memory", op.name, ready_at, now, 0, task.step))
                             if alloc:
-                                for name in alloc:
-                                    present.add(name)
-                                    mem += size[name]
-                                    if log is not None:
+                                if log is None:
+                                    present.update(alloc)
+                                    mem += alloc_bytes  # their sizes' sum
+                                else:
+                                    for name in alloc:
+                                        present.add(name)
+                                        mem += size[name]
                                         log.append((now, name, True))
                                 if mem > peak:
                                     peak = mem
