@@ -49,6 +49,8 @@ import argparse
 import importlib.util
 import json
 import math
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -72,6 +74,8 @@ ROOT = Path(__file__).resolve().parent.parent
 HW = PRESETS["a100-80gb-pcie4"]
 BUDGETS = (0.2, 0.4, 0.6, 0.8)
 POLICIES = ("recompute-optimal", "slackswap", "least-flops")
+COMPILED_POLICIES = ("recompute-optimal", "slackswap", compiled_path.FEWEST_FLOPS, compiled_path.HOLDING)
+"""The compiled path's columns besides AT_PEAK."""
 AT_PEAK = "recompute-optimal at torch's peak"
 """The compiled path's fourth column: `recompute-optimal` for the peak torch's plan reaches in slackswap's model."""
 """slackswap's columns: its two policies, then the fewest-FLOPs recompute-only plan of its space
@@ -106,12 +110,16 @@ def torch_step(maker, budget: float):
     return compiled_path.torch_step(model, batch, loss_fn, budget, HW, _excluded_storages(model, batch))
 
 
-def compiled_step(maker, policy: str, budgets_bytes: list[int]):
+def compiled_step(maker, policy: str, budgets_bytes: list[int], torch_budget: float | None = None):
     """slackswap's plan of ``policy`` on the compiled path, each graph planned for its budget
-    (vs_torch_compiled.slackswap_step), less the plans."""
+    (vs_torch_compiled.slackswap_step), less the plans. The fewest-FLOPs plan runs with the partitioner's
+    FLOPs objective, its candidates widened with torch's own saved set at ``torch_budget``."""
     model, batch, loss_fn = _fresh(maker)
     make = compiled_path.plan_maker(policy, budgets_bytes, HW, least_flops_plan)
-    result = compiled_path.slackswap_step(model, batch, loss_fn, make, HW, _excluded_storages(model, batch))
+    flops = policy == compiled_path.FEWEST_FLOPS
+    result = compiled_path.slackswap_step(model, batch, loss_fn, make, HW, _excluded_storages(model, batch),
+                                          objective="flops" if flops else "time",
+                                          torch_budget=torch_budget if flops else None)
     return result if isinstance(result, str) else list(result[:3])
 
 
@@ -180,7 +188,7 @@ def main(argv=None) -> int:
         for piece in pieces:
             for row in piece["rows"]:
                 joined.setdefault((row["model"], row["budget"]), {}).update(row)
-        Path(args.out).write_text(_table(list(joined.values()), sum(piece["elapsed_s"] for piece in pieces)))
+        _write(Path(args.out), list(joined.values()), sum(piece["elapsed_s"] for piece in pieces))
         print(f"wrote {args.out}")
         return 0
     budgets = [float(b) for b in args.budgets.split(",")]
@@ -189,6 +197,8 @@ def main(argv=None) -> int:
     rows = []
     for name in args.models.split(","):
         maker = makers[name]
+        model_started, load_before = time.perf_counter(), os.getloadavg()[0]
+        first_row = len(rows)
         full_held, full_flops, _ = torch_step(maker, 1.0)
         common = {"model": name, "full_held": full_held, "full_flops": full_flops}
         if "eager" in paths:
@@ -206,18 +216,39 @@ def main(argv=None) -> int:
                 for policy in POLICIES:
                     row[policy] = slackswap_step(maker, workload, max(1, held), policy)
             if "compiled" in paths:
-                row.update(_compiled_columns(maker, graphs))
+                row.update(_compiled_columns(maker, graphs, budget))
             rows.append(row)
             print(_line(row), flush=True)
+        run = (f"{name} {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC, commit {_commit()}, "
+               f"{time.perf_counter() - model_started:.0f} s, load (1-min average) {load_before:.2f} -> "
+               f"{os.getloadavg()[0]:.2f}")
+        for row in rows[first_row:]:
+            row["run"] = run
     elapsed = time.perf_counter() - started
     if args.rows:
         Path(args.rows).write_text(json.dumps({"elapsed_s": elapsed, "rows": rows}))
-    Path(args.out).write_text(_table(rows, elapsed))
+    _write(Path(args.out), rows, elapsed)
     print(f"wrote {args.out} ({elapsed:.0f} s)")
     return 0
 
 
-def _compiled_columns(maker, torch_graphs) -> dict:
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def _write(out: Path, rows, elapsed_s: float) -> None:
+    """The table of ``rows``; rows of the compiled path alone replace the compiled section of ``out``."""
+    if out.exists() and not any("eager_flops" in row for row in rows) and COMPILED_HEADING in out.read_text():
+        out.write_text(_splice_compiled(out.read_text(), rows))
+    else:
+        out.write_text(_table(rows, elapsed_s))
+
+
+def _compiled_columns(maker, torch_graphs, budget: float) -> dict:
     """The compiled path's columns of one row: slackswap's plans for torch's bytes held, graph by graph,
     and `recompute-optimal` for the peak torch's plan reaches in slackswap's model where it is one of
     the workload's plans."""
@@ -225,9 +256,8 @@ def _compiled_columns(maker, torch_graphs) -> dict:
     shares = compiled_path.shared_budgets(torch_graphs)
     columns = {"torch_graph_held": [share for share, _, _ in torch_graphs], "graph_budgets": shares,
                "torch_throughput": None if None in timelines else compiled_path.step_throughput_pct(timelines)}
-    for policy in POLICIES:
-        columns[f"compiled {policy}"] = compiled_step(maker, policy, shares)
-    columns[f"compiled {compiled_path.HOLDING}"] = compiled_step(maker, compiled_path.HOLDING, shares)
+    for policy in COMPILED_POLICIES:
+        columns[f"compiled {policy}"] = compiled_step(maker, policy, shares, budget)
     columns[f"compiled {AT_PEAK}"] = ("torch's plan not in the space" if None in timelines else
                                       compiled_step(maker, "recompute-optimal", [t.peak_memory_bytes for t in timelines]))
     return columns
@@ -279,45 +309,7 @@ def _table(rows, elapsed_s: float) -> str:
         cells = " | ".join(_cell(row[policy], row) for policy in POLICIES)
         lines.append(f"| {row['model']} | {row['budget']:.1f} | {row['torch_held'] / 1024:.1f} KiB | {extra:+.1f} % | "
                      f"{cells} |")
-    lines += [
-        "",
-        "## The compiled path: the same joint graph",
-        "",
-        "slackswap's own partition function (`slackswap.compiled.partition.PlanningPartitioner`, "
-        "`saved_set=\"min-cut\"`) on the joint graph torch partitions (the decompositions of "
-        "`aot_eager_decomp_partition`): its plans choose among the tensors PyTorch's min-cut partitioner saves "
-        "with no matmul re-run (`slackswap.compiled.min_cut`), each graph planned for the bytes torch's forward "
-        "saves in it (activations and step inputs; the step inputs are the batch or, after a graph break, the "
-        "previous graph's outputs). Bytes held: "
-        "distinct activation storages the compiled forward saves (torch: by saved-tensor hooks as above; slackswap: "
-        "the partition's saved layout, so that the RNG states of replayed dropouts, 5,056 bytes each for a CPU "
-        "generator, and swapped tensors' host copies are left out). Backward FLOPs: FlopCounterMode around "
-        "loss.backward(), both sides as a change from slackswap's keep-all plan on the same graph (nothing "
-        "recomputed that counts FLOPs). Throughput: simulated on a100-80gb-pcie4 on the graph's workload; torch's "
-        "plan simulated as its saved set (saved candidates kept, the others recomputed; - where it saves a "
-        "tensor that is no candidate). recompute-optimal holding torch's bytes: its plan for the largest budget "
-        "(bisected, 10 steps) whose kept tensors and step inputs, what it holds when the forward pass ends, are at "
-        "most torch's bytes in that graph, so that both hold the same. recompute-optimal at torch's peak: planned, graph by graph, for the peak "
-        "torch's plan reaches in that simulation, which counts the backward's rebuilt tensors too (a budget torch's "
-        "plan meets in slackswap's model). Where the budget is at least the keep-all plan's peak, the keep-all plan "
-        "is used.",
-        "",
-        "| model | torch budget | torch held | torch bwd FLOPs | torch simulated | recompute-optimal held | its bwd "
-        "FLOPs | its throughput | slackswap held | its bwd FLOPs | its throughput | least-FLOPs held | its bwd "
-        "FLOPs | its throughput | recompute-optimal holding torch's bytes: held | its bwd FLOPs | its throughput | "
-        "recompute-optimal at torch's peak: held | its bwd FLOPs | its throughput |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for row in rows:
-        if "compiled_keep_flops" not in row:
-            continue
-        base = row["compiled_keep_flops"]
-        extra = 100.0 * (row["torch_flops"] - base) / base if base else math.nan
-        simulated = "-" if row["torch_throughput"] is None else f"{row['torch_throughput']:.2f} %"
-        cells = " | ".join(_cell(row[f"compiled {policy}"], row, "compiled_keep_flops")
-                           for policy in (*POLICIES, compiled_path.HOLDING, AT_PEAK))
-        lines.append(f"| {row['model']} | {row['budget']:.1f} | {row['torch_held'] / 1024:.1f} KiB | {extra:+.1f} % | "
-                     f"{simulated} | {cells} |")
+    lines += _compiled_section(rows)
     lines += [
         "",
         "What each side holds with nothing recomputed, and the least slackswap can hold:",
@@ -333,6 +325,76 @@ def _table(rows, elapsed_s: float) -> str:
             cells = [_kib(row.get(key)) for key in ("full_held", "keep_all_bytes", "minimum_bytes", "compiled_keep_held")]
             lines.append(f"| {row['model']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+COMPILED_HEADING = "## The compiled path: the same joint graph"
+SUMMARY_HEADING = "What each side holds with nothing recomputed"
+
+
+def _compiled_section(rows) -> list[str]:
+    lines = [
+        "",
+        COMPILED_HEADING,
+        "",
+        "slackswap's own partition function (`slackswap.compiled.partition.PlanningPartitioner`, "
+        "`saved_set=\"min-cut\"`) on the joint graph torch partitions (the decompositions of "
+        "`aot_eager_decomp_partition`): its plans choose among the tensors PyTorch's min-cut partitioner saves "
+        "with no matmul re-run (`slackswap.compiled.min_cut`), each graph planned for the bytes torch's forward "
+        "saves in it (activations and step inputs; the step inputs are the batch or, after a graph break, the "
+        "previous graph's outputs). Bytes held: "
+        "distinct activation storages the compiled forward saves (torch: by saved-tensor hooks as above; slackswap: "
+        "the partition's saved layout, so that the RNG states of replayed dropouts, 5,056 bytes each for a CPU "
+        "generator, and swapped tensors' host copies are left out). Backward FLOPs: FlopCounterMode around "
+        "loss.backward(), both sides as a change from slackswap's keep-all plan on the same graph (nothing "
+        "recomputed that counts FLOPs). Throughput: simulated on a100-80gb-pcie4 on the graph's workload; torch's "
+        "plan simulated as its saved set (saved candidates kept, the others recomputed; - where it saves a "
+        "tensor that is no candidate). fewest FLOPs holding torch's bytes: `PlanningPartitioner(objective=\"flops\", "
+        "torch_budget=<the row's budget>)`, the plan `slackswap.compiled.fewest_flops` finds exactly (branch and "
+        "bound; every search here completed) among the min-cut candidates widened with torch's own saved set at "
+        "that budget, with what each graph holds when its forward pass ends (kept tensors and step inputs) at most "
+        "torch's bytes in that graph, each re-run node run once. recompute-optimal holding torch's bytes: its plan "
+        "for the largest budget "
+        "(bisected, 10 steps) whose kept tensors and step inputs, what it holds when the forward pass ends, are at "
+        "most torch's bytes in that graph, so that both hold the same. recompute-optimal at torch's peak: planned, "
+        "graph by graph, for the peak "
+        "torch's plan reaches in that simulation, which counts the backward's rebuilt tensors too (a budget torch's "
+        "plan meets in slackswap's model). Where the budget is at least the keep-all plan's peak, the keep-all plan "
+        "is used.",
+        "",
+        "| model | torch budget | torch held | torch bwd FLOPs | torch simulated | recompute-optimal held | its bwd "
+        "FLOPs | its throughput | slackswap held | its bwd FLOPs | its throughput | fewest FLOPs holding torch's "
+        "bytes: held | its bwd FLOPs | its throughput | recompute-optimal holding torch's bytes: held | its bwd "
+        "FLOPs | its throughput | recompute-optimal at torch's peak: held | its bwd FLOPs | its throughput |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    compiled = [row for row in rows if "compiled_keep_flops" in row]
+    for row in compiled:
+        base = row["compiled_keep_flops"]
+        extra = 100.0 * (row["torch_flops"] - base) / base if base else math.nan
+        simulated = "-" if row["torch_throughput"] is None else f"{row['torch_throughput']:.2f} %"
+        cells = " | ".join(_cell(row[f"compiled {policy}"], row, "compiled_keep_flops")
+                           for policy in (*COMPILED_POLICIES, AT_PEAK))
+        lines.append(f"| {row['model']} | {row['budget']:.1f} | {row['torch_held'] / 1024:.1f} KiB | {extra:+.1f} % | "
+                     f"{simulated} | {cells} |")
+    lines += ["", "Cells where a column holds at most torch's bytes and re-runs no more FLOPs than torch's plan "
+              "(backward FLOPs measured, both in the same run), of the cells where it has a plan:", ""]
+    for policy in COMPILED_POLICIES:
+        results = [(row, row[f"compiled {policy}"]) for row in compiled]
+        planned = [(row, r) for row, r in results if not isinstance(r, str)]
+        meets = [row for row, (held, flops, _) in planned if held <= row["torch_held"] and flops <= row["torch_flops"]]
+        lines.append(f"- {policy}: {len(meets)} of {len(planned)} ({len(results)} cells)")
+    runs = [run for row in compiled for run in [row.get("run")] if run]
+    if runs:
+        lines += ["", "Run: " + "; ".join(dict.fromkeys(runs)) + "."]
+    return lines
+
+
+def _splice_compiled(old_text: str, rows) -> str:
+    """``old_text`` (a committed table) with its compiled section replaced by ``rows``' (a run of
+    --paths compiled alone, which leaves the eager section and the summary from their own run)."""
+    head = old_text[:old_text.index(COMPILED_HEADING)].rstrip("\n").split("\n")
+    tail = old_text[old_text.index(SUMMARY_HEADING):]
+    return "\n".join(head + _compiled_section(rows) + ["", ""]) + tail
 
 
 if __name__ == "__main__":

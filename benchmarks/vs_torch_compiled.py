@@ -30,6 +30,7 @@ from torch.utils.flop_counter import FlopCounterMode, _FlopCounterMode
 
 import slackswap
 from slackswap.compiled.carry_out import ACTIVATION, PARAMETER
+from slackswap.compiled.fewest_flops import fewest_flops_plan
 from slackswap.compiled.graph_workload import build_graph_workload
 from slackswap.compiled.min_cut import in_forward, plan_of_saved_set, zero_flop_cut
 from slackswap.compiled.partition import PlanningPartitioner
@@ -141,10 +142,13 @@ class NoPlan(Exception):
     """Why a policy made no plan for a graph ("below minimum", "refuses")."""
 
 
-def slackswap_step(model, batch, loss_fn, make, hardware, excluded: set[int]):
+def slackswap_step(model, batch, loss_fn, make, hardware, excluded: set[int], *, objective: str = "time",
+                   torch_budget: float | None = None):
     """(bytes held, backward FLOPs, simulated throughput %, the plans) of one step under the plans
-    ``make(workload)`` returns for each graph; a string saying why when it makes none."""
-    partitioner = PlanningPartitioner(hardware, make, name=type(model).__name__, saved_set="min-cut")
+    ``make(workload)`` returns for each graph; a string saying why when it makes none. ``objective`` and
+    ``torch_budget``: PlanningPartitioner's."""
+    partitioner = PlanningPartitioner(hardware, make, name=type(model).__name__, saved_set="min-cut",
+                                      objective=objective, torch_budget=torch_budget)
     try:
         _, flops, packed = _step(model, batch, loss_fn, _backend(partitioner), excluded)
     except torch._dynamo.exc.BackendCompilerFailed as exc:
@@ -171,6 +175,9 @@ def slackswap_step(model, batch, loss_fn, make, hardware, excluded: set[int]):
 
 
 HOLDING = "recompute-optimal holding torch's bytes"
+FEWEST_FLOPS = "fewest FLOPs holding torch's bytes"
+"""slackswap.compiled.fewest_flops on the min-cut candidates widened with torch's own saved set at the
+row's budget (PlanningPartitioner(objective="flops", torch_budget=...))."""
 HOLDING_STEPS = 10
 """Bisection steps of ``holding_plan`` (the budget to 1/1024 of the range searched)."""
 
@@ -223,6 +230,11 @@ def plan_maker(policy: str, budgets_bytes: list[int], hardware, least_flops_plan
             return make_plan(workload, {}, policy="ideal", budget_bytes=None)
         if policy == HOLDING:  # a bound on what it holds at the boundary, not on its peak
             return holding_plan(workload, budget_bytes, hardware)
+        if policy == FEWEST_FLOPS:  # likewise, found exactly
+            try:
+                return fewest_flops_plan(workload, budget_bytes)
+            except BudgetError:
+                raise NoPlan("below its step inputs") from None
         if budget_bytes < minimum_budget_bytes(workload):
             raise NoPlan("below minimum")
         if policy == "least-flops":
