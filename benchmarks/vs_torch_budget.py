@@ -120,7 +120,11 @@ def compiled_step(maker, policy: str, budgets_bytes: list[int], torch_budget: fl
     result = compiled_path.slackswap_step(model, batch, loss_fn, make, HW, _excluded_storages(model, batch),
                                           objective="flops" if flops else "time",
                                           torch_budget=torch_budget if flops else None)
-    return result if isinstance(result, str) else list(result[:3])
+    if isinstance(result, str):
+        return result
+    if flops and any(g.plan.info.get("search") != "complete" for g in result[3]):
+        raise RuntimeError("a fewest-FLOPs search stopped at its node cap: the table says every search completed")
+    return list(result[:3])
 
 
 

@@ -44,7 +44,9 @@ def budget_cut(joint: fx.GraphModule, joint_inputs: Sequence[Any], budget: float
                static_lifetime_input_indices: Sequence[int] | None) -> frozenset[str]:
     """Names of the forward nodes PyTorch's own plan at ``activation_memory_budget=budget`` saves (its
     min-cut partitioner with its default options, on a copy of ``joint``). Added to the zero-FLOP cut,
-    they put that plan in the space a plan chooses from (``PlanningPartitioner(torch_budget=...)``)."""
+    they put that plan in the space a plan chooses from (``PlanningPartitioner(torch_budget=...)``), except
+    where its partitioner first merges duplicate nodes (CSE) and saves a node whose unmerged twin is
+    what backward reads here (the label mask of HF ViT's loss)."""
     return _saved_by_partitioner(joint, joint_inputs, {"activation_memory_budget": budget},
                                  num_fwd_outputs=num_fwd_outputs,
                                  static_lifetime_input_indices=static_lifetime_input_indices)
