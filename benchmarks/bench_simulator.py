@@ -63,7 +63,7 @@ PLANNING_HARDWARE = "a100-80gb-pcie4"  # the preset of the planning-speed tables
 # Run in each version's process: the cases' simulations, ``runs`` times; CPU medians per case and a
 # digest of everything they produced (timelines with events, forks' timelines or errors, tensor logs).
 _REPLAY = """
-import hashlib, json, math, statistics, sys, time
+import hashlib, inspect, json, math, statistics, sys, time
 from slackswap.errors import InfeasiblePlanError
 from slackswap.hardware import PRESETS
 from slackswap.plans import Plan
@@ -71,8 +71,12 @@ from slackswap.sim import simulator
 from slackswap.workloads.models import build_model_workload
 cases, runs = json.load(open(sys.argv[1])), int(sys.argv[2])
 hw = PRESETS[cases["hardware"]]
-def run_all(workload, sims, full):
-    # Timed (full=False) as the planners run them: event fields kept as records, no Events made.
+def run_all(workload, sims, full, memory_records=False):
+    # Timed (full=False) as the planners run them: event fields kept as records, no Events made;
+    # with memory_records, the memory samples too (simulate(memory_records=...), where there is one).
+    timeline = simulator._timeline
+    if memory_records:
+        timeline = lambda sim, budget, records: simulator._timeline(sim, budget, records, [])
     out = []
     for plan, budget, lift_to in sims:
         log = [] if full else None
@@ -86,10 +90,10 @@ def run_all(workload, sims, full):
         if sim.fork is not None:
             try:
                 sim.fork.resume()
-                fork = simulator._timeline(sim.fork, None, None if full else [])
+                fork = timeline(sim.fork, None, None if full else [])
             except InfeasiblePlanError as exc:
                 fork = str(exc)
-        out.append((simulator._timeline(sim, None, None if full else []), fork, log))
+        out.append((timeline(sim, None, None if full else []), fork, log))
     return out
 result = {}
 for model, groups in cases["models"].items():
@@ -103,6 +107,13 @@ for model, groups in cases["models"].items():
             run_all(workload, sims, False)
             samples.append(time.process_time() - started)
         result[model + "/" + label] = {"sims": len(sims), "cpu_s": statistics.median(samples), "digest": digest}
+        if "memory_records" in inspect.signature(simulator._timeline).parameters:
+            samples = []
+            for _ in range(runs):
+                started = time.process_time()
+                run_all(workload, sims, False, memory_records=True)
+                samples.append(time.process_time() - started)
+            result[model + "/" + label]["cpu_s_memory_records"] = statistics.median(samples)
 print(json.dumps(result))
 """
 
@@ -169,16 +180,20 @@ def side_by_side(previous: str, runs: int) -> str:
         f"Command: `.venv/bin/python benchmarks/bench_simulator.py --previous {previous} --runs {runs} "
         "--output benchmarks/results/simulator-side-by-side.md`; load average at the start: "
         f"{os.getloadavg()[0]:.1f} (the machine is shared; CPU time is the comparison).", "",
-        "| model | case | simulations | previous (ms CPU) | this version (ms CPU) | ratio | identical |",
-        "|---|---|---:|---:|---:|---:|---|",
+        "The last column: this version with the memory samples handed over as records too",
+        "(`simulate(memory_records=...)`), which the planners do not ask for yet.", "",
+        "| model | case | simulations | previous (ms CPU) | this version (ms CPU) | ratio | identical "
+        "| this version, memory as records (ms CPU) |",
+        "|---|---|---:|---:|---:|---:|---|---:|",
     ]
     for key in measured["current"][0]:
         model, label = key.split("/", 1)
         before = min(m[key]["cpu_s"] for m in measured["previous"]) * 1e3
         after = min(m[key]["cpu_s"] for m in measured["current"]) * 1e3
         same = measured["previous"][0][key]["digest"] == measured["current"][0][key]["digest"]
+        as_records = min(m[key]["cpu_s_memory_records"] for m in measured["current"]) * 1e3
         lines.append(f"| {model} | {label} | {measured['current'][0][key]['sims']} | {before:.1f} | {after:.1f} "
-                     f"| {before / after:.2f}x | {'yes' if same else 'NO'} |")
+                     f"| {before / after:.2f}x | {'yes' if same else 'NO'} | {as_records:.1f} |")
     return "\n".join(lines)
 
 
