@@ -159,6 +159,8 @@ def side_by_side(previous: str, runs: int) -> str:
             label: [(plan.to_dict(), None if budget is None or math.isinf(budget) else budget, None if lift_to is None else "inf")
                     for plan, budget, lift_to in sims]
             for label, sims in groups.items()}
+    this_commit = subprocess.run(["git", "-C", str(Path(__file__).resolve().parent), "rev-parse", "--short", "HEAD"],
+                                 capture_output=True, text=True, check=True).stdout.strip()
     measured: dict[str, list[dict]] = {"previous": [], "current": []}
     with tempfile.TemporaryDirectory() as tmp:
         sources = {"previous": export_version(previous, Path(tmp)), "current": Path(__file__).resolve().parent.parent / "src"}
@@ -171,7 +173,7 @@ def side_by_side(previous: str, runs: int) -> str:
                                       capture_output=True, text=True, env=env, check=True)
                 measured[version].append(json.loads(done.stdout))
     lines = [
-        f"## This version against commit {previous} ({date.today().isoformat()})", "",
+        f"## This version ({this_commit}) against commit {previous} ({date.today().isoformat()})", "",
         "Process CPU time of the simulations of each case (made, run, forks resumed, timelines made with the",
         f"events kept as records, as the planners ask), median of {runs} replays in each of two processes per",
         f"version (alternating; the table gives the lower of the two medians). Hardware preset `{PLANNING_HARDWARE}`,",
