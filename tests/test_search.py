@@ -87,9 +87,10 @@ def test_a_plan_without_copies_is_simulated_once_for_both_limits(monkeypatch, be
     if fits:
         direct = simulate(w, link(), plan, budget, check=False)
         # What the simulator gives under the budget, exactly; a planner's timeline leaves its
-        # events to Candidate.events (built on demand from the simulator's records).
-        assert under.timeline.events == () and under.events == direct.events
-        assert dataclasses.replace(under.timeline, events=under.events) == direct
+        # events to Candidate.events (built on demand from the simulator's records) and holds no
+        # memory samples (planners read the totals).
+        assert under.timeline.events == () and under.events == direct.events and under.timeline.memory == ()
+        assert dataclasses.replace(under.timeline, events=under.events, memory=direct.memory) == direct
     else:
         with pytest.raises(InfeasiblePlanError):
             simulate(w, link(), plan, budget, check=False)
@@ -205,6 +206,6 @@ def test_the_run_under_the_budget_after_the_unlimited_run_comes_from_its_fork(mo
     under = search.evaluate(plan)
     assert len(starts) == 1 and search.fork is None
     records: list = []
-    direct = simulate(w, hw, plan, 250, check=False, event_records=records)
+    direct = simulate(w, hw, plan, 250, check=False, event_records=records, memory_records=[])
     assert free.timeline.peak_memory_bytes == 301 and direct.stall_memory_s == 1.0
-    assert under.timeline == direct and list(under.records) == records
+    assert under.timeline == direct and list(under.records) == records  # no memory samples in either

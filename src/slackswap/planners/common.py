@@ -173,7 +173,8 @@ def facts_for(workload: Workload) -> Facts:
 class Candidate:
     """A plan and its simulated timeline (None when the plan cannot fit its budget). The plan is
     None only when a search skipped building it: its memory floor was over the budget. A
-    timeline simulated by ``evaluate`` has no events; ``events`` builds them from ``records``."""
+    timeline simulated by ``evaluate`` has no events (``events`` builds them from ``records``) and
+    no memory samples."""
 
     plan: Plan | None
     timeline: Timeline | None
@@ -228,7 +229,9 @@ def evaluate(workload: Workload, hardware: Hardware, plan: Plan, budget_bytes: i
             return dataclasses.replace(memo[key], plan=plan)
     records: list = []
     try:
-        timeline = simulate(workload, hardware, plan, budget_bytes, check=False, event_records=records)
+        # The memory samples go to a list dropped here: planners read the totals, and a Timeline
+        # holding the samples checks each of them.
+        timeline = simulate(workload, hardware, plan, budget_bytes, check=False, event_records=records, memory_records=[])
         found = Candidate(plan, timeline, tuple(records))
     except InfeasiblePlanError:
         found = Candidate(plan, None)

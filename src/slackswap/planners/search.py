@@ -152,7 +152,7 @@ class Search:
         records: list = []
         try:
             timeline, resume = simulate_unlimited_with_fork(self.workload, self.hardware, plan, self.budget_bytes,
-                                                            event_records=records)
+                                                            event_records=records, memory_records=[])
         except InfeasiblePlanError:
             found = self.memo[key] = Candidate(plan, None)
             return found
@@ -169,7 +169,7 @@ class Search:
                 free.timeline, budget_bytes=self.budget_bytes))
         records: list = []
         try:
-            return Candidate(plan, resume(records), tuple(records))
+            return Candidate(plan, resume(records, []), tuple(records))  # samples dropped: common.evaluate
         except InfeasiblePlanError:
             return Candidate(plan, None)
 
