@@ -18,7 +18,7 @@ import slackswap  # noqa: E402
 from slackswap.compiled.carry_out import ACTIVATION, graph_recompute_flops  # noqa: E402
 from slackswap.compiled.fewest_flops import fewest_flops_plan  # noqa: E402
 from slackswap.compiled.graph_workload import build_graph_workload  # noqa: E402
-from slackswap.compiled.min_cut import budget_cut, in_forward, plan_of_saved_set, zero_flop_cut  # noqa: E402
+from slackswap.compiled.min_cut import budget_cut, in_forward, plan_of_saved_set, twins, zero_flop_cut  # noqa: E402
 from slackswap.compiled.partition import PlanningPartitioner  # noqa: E402
 from slackswap.errors import ValidationError  # noqa: E402
 from slackswap.examples.models import ExampleConfig, loss_fn, make_batch, make_example  # noqa: E402
@@ -69,13 +69,14 @@ def _torch_partition(kind, budget):
         options = dict(num_fwd_outputs=kwargs["num_fwd_outputs"], static_lifetime_input_indices=static)
         cut = zero_flop_cut(joint, joint_inputs, **options) | budget_cut(joint, joint_inputs, budget, **options)
         graph_workload = build_graph_workload(joint, static, HARDWARE, name="graph", cut=cut)
+        twin_of = twins(joint)
         fw, bw = min_cut_rematerialization_partition(joint, joint_inputs, compiler="inductor", **kwargs)
         outputs = fw.graph.find_nodes(op="output")[0].args[0][kwargs["num_fwd_outputs"]:]
         saved = in_forward(joint, {n.name for n in outputs if isinstance(n, torch.fx.Node)})
         workload = graph_workload.workload
         held = {graph_workload.storage_of_node[n]: workload.size_bytes_of[graph_workload.storage_of_node[n]]
                 for n in saved if n in graph_workload.storage_of_node}
-        seen.append((held, graph_recompute_flops(bw), plan_of_saved_set(graph_workload, saved) is not None))
+        seen.append((held, graph_recompute_flops(bw), plan_of_saved_set(graph_workload, saved, twin_of=twin_of) is not None))
         return fw, bw
 
     with functorch_config.patch(activation_memory_budget=budget):

@@ -79,7 +79,7 @@ def compile_with_plan(model: torch.nn.Module, batch: Any = None, loss_fn: Any = 
 
     sharded = _fsdp_buffers_are_state(model)
     # With torch's objective and a fraction, torch's own plan at that activation_memory_budget is added to
-    # the min-cut candidates, so that (but where torch merged duplicate nodes first) its plan is one of the space's.
+    # the min-cut candidates, so that its plan is one of the space's.
     widen = objective == "flops" and saved_set == "min-cut" and isinstance(budget, float)
     partitioner = PlanningPartitioner(hw, make, name=type(model).__name__, unit_graphs=sharded, saved_set=saved_set,
                                       objective=objective, torch_budget=budget if widen else None)

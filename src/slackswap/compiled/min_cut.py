@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 import torch.fx as fx
 
-from .joint_nodes import is_backward_node
+from .joint_nodes import is_backward_node, is_forward_op_node
 
 MIN_CUT_OPTIONS = {
     "activation_memory_budget": 1.0,
@@ -44,12 +44,40 @@ def budget_cut(joint: fx.GraphModule, joint_inputs: Sequence[Any], budget: float
                static_lifetime_input_indices: Sequence[int] | None) -> frozenset[str]:
     """Names of the forward nodes PyTorch's own plan at ``activation_memory_budget=budget`` saves (its
     min-cut partitioner with its default options, on a copy of ``joint``). Added to the zero-FLOP cut,
-    they put that plan in the space a plan chooses from (``PlanningPartitioner(torch_budget=...)``), except
-    where its partitioner first merges duplicate nodes (CSE) and saves a node whose unmerged twin is
-    what backward reads here (the label mask of HF ViT's loss)."""
-    return _saved_by_partitioner(joint, joint_inputs, {"activation_memory_budget": budget},
-                                 num_fwd_outputs=num_fwd_outputs,
-                                 static_lifetime_input_indices=static_lifetime_input_indices)
+    they put that plan in the space a plan chooses from (``PlanningPartitioner(torch_budget=...)``). Its
+    partitioner first merges duplicate nodes (CSE) and may save a node whose unmerged twin is what
+    backward reads here (the label mask of HF ViT's loss): every twin of a saved node is in the result."""
+    saved = _saved_by_partitioner(joint, joint_inputs, {"activation_memory_budget": budget},
+                                  num_fwd_outputs=num_fwd_outputs,
+                                  static_lifetime_input_indices=static_lifetime_input_indices)
+    return frozenset(with_twins(saved, twins(joint)))
+
+
+def twins(joint: fx.GraphModule) -> dict[str, str]:
+    """Forward node -> the first forward node computing the same value (same op, same arguments), the
+    node PyTorch's CSE pass would merge it into; random ops are never merged."""
+    from torch._functorch.compile_utils import get_aten_target, rand_ops
+
+    first: dict[tuple[Any, str, str], str] = {}
+    result: dict[str, str] = {}
+
+    def same_as(arg):
+        return result.get(arg.name, arg.name)
+
+    for node in joint.graph.nodes:
+        if not is_forward_op_node(node) or get_aten_target(node) in rand_ops:
+            continue
+        key = (node.target, repr(fx.node.map_arg(node.args, same_as)), repr(fx.node.map_arg(node.kwargs, same_as)))
+        original = first.setdefault(key, node.name)
+        if original != node.name:
+            result[node.name] = original
+    return result
+
+
+def with_twins(saved, twin_of: dict[str, str]) -> set[str]:
+    """``saved`` and every twin (twins()) of a node in it."""
+    groups = {twin_of.get(name, name) for name in saved}
+    return set(saved) | {name for name, original in twin_of.items() if original in groups} | groups
 
 
 def _saved_by_partitioner(joint: fx.GraphModule, joint_inputs: Sequence[Any], options: dict, *, num_fwd_outputs: int,
@@ -114,17 +142,24 @@ def cut_sources(forward_nodes: Sequence[fx.Node], cut: frozenset[str]) -> dict[s
 
 
 
-def plan_of_saved_set(graph_workload, saved: set[str], *, policy: str = "torch"):
+def plan_of_saved_set(graph_workload, saved: set[str], *, policy: str = "torch", twin_of: dict[str, str] | None = None):
     """The recompute-only Plan of ``graph_workload`` (built with a cut) that keeps what a partition
     saves (forward node names, as ``in_forward`` returns them) and recomputes the other candidates;
     None where the partition saves an activation that is no candidate (then no plan says the same),
-    other than a constant."""
+    other than a constant. ``twin_of`` (twins() of the joint graph): a saved node stands for its twins
+    too, and one that is no candidate is left out where a twin is one."""
     from ..plans import Action
     from ..schedule import make_plan
 
     workload = graph_workload.workload
-    storages = {graph_workload.storage_of_node[n] for n in saved if n in graph_workload.storage_of_node}
-    others = storages - {t.name for t in workload.saved_tensors}
+    candidates = {t.name for t in workload.saved_tensors}
+    storage_of = graph_workload.storage_of_node
+    if twin_of:
+        saved = with_twins(saved, twin_of)
+        stood_for = {twin_of.get(n, n) for n in saved if storage_of.get(n) in candidates}
+        saved = {n for n in saved if storage_of.get(n) in candidates or twin_of.get(n, n) not in stood_for}
+    storages = {storage_of[n] for n in saved if n in storage_of}
+    others = storages - candidates
     # A constant (an op with no inputs, as scalar_tensor) is made again from nothing wherever it is not saved.
     if any(workload.ops[workload.op_index[workload.tensor_by_name[s].producer]].inputs for s in others):
         return None

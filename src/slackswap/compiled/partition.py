@@ -76,8 +76,7 @@ class PlanningPartitioner:
         node once, kept until its last use, as PyTorch's partitioner does (fewest_flops.py's count)."""
         self.torch_budget = torch_budget
         """Where set, the candidates also hold what PyTorch's own plan at activation_memory_budget =
-        torch_budget saves (min_cut.budget_cut), so that plan is one of the space's (but where torch merged
-        duplicate nodes first)."""
+        torch_budget saves (min_cut.budget_cut), so that plan is one of the space's."""
         self.unit_graphs = unit_graphs
         """The model is FSDP2-sharded: a graph without numbered blocks is one fully_shard unit (graph_workload.py)."""
         self.make_plan = make_plan
