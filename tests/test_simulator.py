@@ -380,7 +380,7 @@ def test_explicit_budget_overrides_the_plans_budget():
 
 
 def test_shared_setup_gives_the_tasks_and_waits_of_the_plain_computation():
-    """The simulator shares per-workload tasks and reader lists between runs (simulator._setup_of):
+    """The simulator shares per-workload tasks and reader lists between runs (sim/setup.py, setup_of):
     on random plans its tasks and the swapped tensors each op waits for equal those made afresh from
     the plan, as the simulator made them before, and the timeline equals a run with nothing shared."""
     import math
@@ -389,6 +389,7 @@ def test_shared_setup_gives_the_tasks_and_waits_of_the_plain_computation():
     from slackswap.hardware import PRESETS
     from slackswap.plans import Action
     from slackswap.schedule import make_plan
+    from slackswap.sim import setup as sim_setup
     from slackswap.sim import simulator as sim_module
     from slackswap.workloads.models import build_model_workload
 
@@ -414,7 +415,7 @@ def test_shared_setup_gives_the_tasks_and_waits_of_the_plain_computation():
                                          for op in workload.ops]
         assert run.swapped_inputs == [tuple(t for t in op.inputs if t in swapped) for op in workload.ops]
         shared = simulate(workload, hw, plan, math.inf)
-        sim_module._SETUPS.clear()
+        sim_setup.SETUPS.clear()
         assert simulate(workload, hw, plan, math.inf) == shared
         grouped += bool(groups)
         swapped_any += any(run.swapped_inputs) and any(run.swapped_bwd_reads)

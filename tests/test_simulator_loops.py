@@ -1,7 +1,7 @@
 """The simulator's two fused loops against its plain event loop.
 
-``_Simulation.run`` runs a plan that copies nothing in ``_run_copy_free`` and a plan that copies in
-``_run_with_copies``; ``_dispatch`` and ``_run_events`` (the plain event loop, one method per rule,
+``_Simulation.run`` runs a plan that copies nothing in ``fused_loops.run_copy_free`` and a plan that copies in
+``fused_loops.run_with_copies``; ``_dispatch`` and ``_run_events`` (the plain event loop, one method per rule,
 which node.py's ranks run) take the same steps one call at a time. On random plans, prefetch steps,
 hardware and budgets (some too small, some binding, with and without a fork), both give the same
 timeline, tensor log, errors and fork's resumed run, bit for bit.
@@ -86,7 +86,7 @@ def _compare(workload, hw, plans_and_budgets):
 
 
 def test_copy_free_loop_matches_the_event_loop():
-    """Recompute-only plans run in _run_copy_free."""
+    """Recompute-only plans run in fused_loops.run_copy_free."""
     workload = build_model_workload("llama-7b", HW, layers=2)
     peak = simulate_ideal(workload, HW).peak_memory_bytes
     names = [t.name for t in workload.saved_tensors if t.producer is not None]
@@ -106,7 +106,7 @@ def test_copy_free_loop_matches_the_event_loop():
     ("bert-large", HW.replace(duplex_d2h_factor=0.7, copy_latency_s=0.0)),  # both slow, no launch latency
 ])
 def test_copy_loop_matches_the_event_loop(model, hardware):
-    """Plans with swaps (and recomputes, and early prefetch steps) run in _run_with_copies."""
+    """Plans with swaps (and recomputes, and early prefetch steps) run in fused_loops.run_with_copies."""
     workload = build_model_workload(model, hardware, layers=2)
     names = [t.name for t in workload.saved_tensors if t.producer is not None]
     rng = random.Random(17)

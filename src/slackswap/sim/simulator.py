@@ -21,20 +21,8 @@ from ..schedule import check_plan, make_plan, op_of_backward_step
 from ..timeline import Event, Timeline
 from ..units import format_bytes
 from ..workload import Workload
-
-_FORWARD, _RECOMPUTE, _BACKWARD = "forward", "recompute", "backward"
-# Event kinds on the heap: a compute task's end, or the end of the copy in flight one way (the
-# direction itself, "d2h" or "h2d").
-_COMPUTE_END = "compute_end"
-
-
-@dataclass(slots=True)
-class _Task:
-    kind: str
-    op_index: int
-    step: int  # backward step, -1 in forward
-    first_of_step: bool = False
-    last_of_group: bool = False
+from .fused_loops import run_copy_free, run_with_copies
+from .setup import BACKWARD, COMPUTE_END, FORWARD, RECOMPUTE, Setup, Task, setup_of, swapped_of
 
 
 @dataclass(slots=True)
@@ -50,72 +38,6 @@ class _Copy:
     rate: float = 0.0
     last_s: float = 0.0
     generation: int = 0
-
-
-@dataclass(frozen=True)
-class _Setup:
-    """What every simulation of one workload starts from, whatever the plan."""
-
-    step_inputs: list[str]
-    forward_tasks: tuple[_Task, ...]
-    backward_tasks: tuple[tuple[_Task, _Task], ...]  # per step: first of its step, after a group
-    backward_alone: tuple[_Task, ...]  # per step: the first of the pair
-    bwd_readers: dict[str, tuple[int, ...]]  # per saved tensor, the ops whose backward reads it
-    fwd_readers: dict[str, tuple[int, ...]]  # per tensor, the ops that take it as an input
-    bwd_reads: tuple[tuple[str, ...], ...]  # per op, the saved tensors its backward reads
-    inputs: tuple[tuple[str, ...], ...]  # per op, its inputs
-    saved_output_bytes: tuple[int, ...]  # per op, the bytes of its saved outputs
-    group_tasks: dict[tuple[int, tuple[str, ...]], tuple[_Task, ...]]  # per (step, group's ops), its tasks
-
-
-_SETUPS: dict[int, tuple[Workload, _Setup]] = {}
-
-
-def _setup_of(workload: Workload) -> _Setup:
-    """The workload's _Setup, made once while it is kept (for at most 16 workloads, as the planners'
-    facts are): a planning call simulates the same workload dozens of times."""
-    held = _SETUPS.get(id(workload))
-    if held is not None and held[0] is workload:
-        return held[1]
-    n = len(workload.ops)
-    bwd_readers: dict[str, list[int]] = {}
-    fwd_readers: dict[str, list[int]] = {}
-    for i, op in enumerate(workload.ops):
-        for t in workload.bwd_reads[op.name]:
-            bwd_readers.setdefault(t, []).append(i)
-        for t in op.inputs:
-            fwd_readers.setdefault(t, []).append(i)
-    backward_tasks = tuple((_Task(_BACKWARD, op_of_backward_step(n, k), k, True),
-                            _Task(_BACKWARD, op_of_backward_step(n, k), k, False)) for k in range(n))
-    setup = _Setup(
-        step_inputs=[t.name for t in workload.tensors if t.producer is None and t.is_saved],
-        forward_tasks=tuple(_Task(_FORWARD, i, -1) for i in range(n)),
-        backward_tasks=backward_tasks,
-        backward_alone=tuple(first for first, _ in backward_tasks),
-        bwd_readers={t: tuple(v) for t, v in bwd_readers.items()},
-        fwd_readers={t: tuple(v) for t, v in fwd_readers.items()},
-        bwd_reads=tuple(workload.bwd_reads[op.name] for op in workload.ops),
-        inputs=tuple(op.inputs for op in workload.ops),
-        group_tasks={},
-        saved_output_bytes=tuple(sum(workload.size_bytes_of[o] for o in outputs) for outputs in workload.saved_outputs),
-    )
-    if len(_SETUPS) > 16:
-        _SETUPS.clear()
-    _SETUPS[id(workload)] = (workload, setup)
-    return setup
-
-
-def _swapped_of(swapped: set[str], readers: dict[str, tuple[int, ...]], reads: tuple[tuple[str, ...], ...],
-                n: int) -> list[tuple[str, ...]]:
-    """Per op index i, the tensors of ``reads[i]`` in ``swapped``, in their order (found from the swapped
-    tensors' ``readers``: the other ops read none)."""
-    out: list[tuple[str, ...]] = [()] * n
-    for name in swapped:
-        for i in readers.get(name, ()):
-            if not out[i]:  # not found yet: once found it holds ``name`` at least
-                read = reads[i]
-                out[i] = read if swapped.issuperset(read) else tuple([t for t in read if t in swapped])
-    return out
 
 
 class _Simulation:
@@ -137,7 +59,7 @@ class _Simulation:
         self.budget = budget_bytes
         self.size = workload.size_bytes_of
         self.saved_outputs = workload.saved_outputs
-        setup = _setup_of(workload)
+        setup = setup_of(workload)
         self.step_inputs = setup.step_inputs
         n = len(workload.ops)
         self.n = n
@@ -200,18 +122,18 @@ class _Simulation:
 
     @cached_property
     def swapped_bwd_reads(self) -> list[tuple[str, ...]]:
-        return _swapped_of(self._swapped, self.setup.bwd_readers, self.setup.bwd_reads, self.n)
+        return swapped_of(self._swapped, self.setup.bwd_readers, self.setup.bwd_reads, self.n)
 
     @cached_property
     def swapped_inputs(self) -> list[tuple[str, ...]]:
-        return _swapped_of(self._swapped, self.setup.fwd_readers, self.setup.inputs, self.n)
+        return swapped_of(self._swapped, self.setup.fwd_readers, self.setup.inputs, self.n)
 
     @cached_property
     def h2d_position(self) -> dict[str, int]:
         """Each copy back's place in the copy-back order (read only when a copy may go out of order)."""
         return {name: i for i, name in enumerate(self.h2d_order)}
 
-    def _build_tasks(self, setup: "_Setup") -> list[_Task]:
+    def _build_tasks(self, setup: Setup) -> list[Task]:
         # Tasks are never changed once made, so the forward and backward ones are shared by every
         # simulation of the workload (a backward task comes in two: first of its step or not), and
         # so are a step's recompute tasks and backward task for each group it is given.
@@ -228,7 +150,7 @@ class _Simulation:
                 if len(made) > 4096:  # made for plans long gone
                     made.clear()
                 op_index, last = self.w.op_index, len(ops) - 1
-                step = made[(k, ops)] = (*(_Task(_RECOMPUTE, op_index[name], k, j == 0, j == last)
+                step = made[(k, ops)] = (*(Task(RECOMPUTE, op_index[name], k, j == 0, j == last)
                                            for j, name in enumerate(ops)), backward[k][1] if ops else backward[k][0])
             tasks.extend(step)
             done = k + 1
@@ -369,12 +291,12 @@ class _Simulation:
             return []
         return self._waiting_on(self.tasks[self.ci])
 
-    def _waiting_on(self, task: _Task) -> list[str]:
+    def _waiting_on(self, task: Task) -> list[str]:
         """Swapped tensors ``task`` waits for (its data conditions fail on them), in h2d order."""
         op = self.w.ops[task.op_index]
-        if task.kind == _BACKWARD:
+        if task.kind == BACKWARD:
             names = [t for t in self.w.bwd_reads[op.name] if self.actions[t] is Action.SWAP]
-        elif task.kind == _RECOMPUTE:
+        elif task.kind == RECOMPUTE:
             names = [t for t in op.inputs
                      if self.actions.get(t) is Action.SWAP and self.plan.prefetch_step[t] <= task.step]
         else:
@@ -403,8 +325,8 @@ class _Simulation:
         return self.tasks[self.ci].step if self.ci < len(self.tasks) else self.n
 
     # ---- compute stream -----------------------------------------------------------------
-    def _allocation(self, task: _Task) -> list[str]:
-        if task.kind == _BACKWARD:
+    def _allocation(self, task: Task) -> list[str]:
+        if task.kind == BACKWARD:
             return []
         present = self.present
         return [o for o in self.saved_outputs[task.op_index] if o not in present]
@@ -419,20 +341,20 @@ class _Simulation:
         ready = self.data_ready_at
         if ready is None:
             done = self.h2d_done
-            if kind == _RECOMPUTE:
+            if kind == RECOMPUTE:
                 # A recompute op waits for inputs whose copy back has been issued for this step or earlier.
                 prefetch = self.plan.prefetch_step
                 for name in self.swapped_inputs[op_index]:
                     if prefetch[name] <= task.step and name not in done:
                         return False
-            elif kind == _BACKWARD:
+            elif kind == BACKWARD:
                 # A backward op waits until every swapped tensor it reads is back on the device.
                 for name in self.swapped_bwd_reads[op_index]:
                     if name not in done:
                         return False
             ready = self.data_ready_at = now
         alloc_bytes = 0
-        if kind == _BACKWARD:
+        if kind == BACKWARD:
             alloc = None
         else:
             present, size = self.present, self.size
@@ -451,22 +373,22 @@ class _Simulation:
             self.events.append(("compute", "stall_memory", op.name, ready, now, 0, task.step))
         if alloc:
             self._alloc(alloc)
-            if kind == _RECOMPUTE:
+            if kind == RECOMPUTE:
                 self.group_allocs.extend(alloc)
             duration = op.fwd_time_s
         else:
-            duration = op.bwd_time_s if kind == _BACKWARD else op.fwd_time_s
+            duration = op.bwd_time_s if kind == BACKWARD else op.fwd_time_s
         self.compute_busy = True
-        heapq.heappush(self.heap, (now + duration, self.seq, _COMPUTE_END, (task, now, alloc_bytes)))
+        heapq.heappush(self.heap, (now + duration, self.seq, COMPUTE_END, (task, now, alloc_bytes)))
         self.seq += 1
         return True
 
-    def _end_compute(self, task: _Task, start_s: float, alloc_bytes: int) -> None:
+    def _end_compute(self, task: Task, start_s: float, alloc_bytes: int) -> None:
         op = self.w.ops[task.op_index]
         now = self.now
         kind = task.kind
         self.events.append(("compute", kind, op.name, start_s, now, alloc_bytes, task.step))
-        if kind == _FORWARD:
+        if kind == FORWARD:
             self.fwd_done_upto = task.op_index
             actions = self.actions
             for name in self.saved_outputs[task.op_index]:
@@ -477,7 +399,7 @@ class _Simulation:
                 action = actions[name]
                 if action is Action.RECOMPUTE or (action is Action.SWAP and name in self.d2h_done):
                     self._free(name)
-        elif kind == _RECOMPUTE:
+        elif kind == RECOMPUTE:
             self.recompute_time += op.fwd_time_s
             if task.last_of_group:
                 current = op_of_backward_step(self.n, task.step)
@@ -524,9 +446,9 @@ class _Simulation:
         # _dispatch and _run_events, the plain event loop, do what these two loops do step for step
         # (tests/test_simulator.py compares them on random plans); node.py's ranks run that loop.
         if not self.h2d_order and Action.SWAP not in self.actions.values():
-            self._run_copy_free()
+            run_copy_free(self)
             return
-        while not self._run_with_copies():
+        while not run_with_copies(self):
             self._lift_budget()
 
     def _raise_over_inputs(self) -> None:
@@ -564,7 +486,7 @@ class _Simulation:
                 live[id(flight)] = copy.copy(flight)
                 setattr(fork, direction, live[id(flight)])
         # Copy ends hold their copy in flight, which the fork's own run re-times: its own.
-        fork.heap = [e if e[2] is _COMPUTE_END or id(e[3][0]) not in live else (*e[:3], (live[id(e[3][0])], e[3][1]))
+        fork.heap = [e if e[2] is COMPUTE_END or id(e[3][0]) not in live else (*e[:3], (live[id(e[3][0])], e[3][1]))
                      for e in self.heap]
         fork.lift_to = None
         self.fork = fork
@@ -575,404 +497,12 @@ class _Simulation:
         heap = self.heap
         while heap:
             top = heap[0]
-            if top[2] is not _COMPUTE_END and top[3][1] != top[3][0].generation:
+            if top[2] is not COMPUTE_END and top[3][1] != top[3][0].generation:
                 heapq.heappop(heap)  # a copy end re-timed by a change of the other direction
                 continue
             self._next_instant()
         if self.ci < len(self.tasks):
             self._raise_infeasible()
-
-    def _run_copy_free(self) -> None:
-        """``run`` for a plan that copies nothing: the compute stream alone, one task after the
-        other, each started at the instant the one before ends (no copy can free memory or end in
-        between, so the event loop would find nothing else to do); it stops, as that loop does,
-        at the first task that does not fit the budget."""
-        # _try_compute and _end_compute in one loop, without what only copies need: no task waits
-        # for data (nothing is swapped), so none stalls, and no event but the task's end is ever
-        # queued. The state is in local variables, stored on the object as those keep it where a
-        # fork copies it (_lift_budget) and at the end.
-        tasks, n_tasks, ops = self.tasks, self.n_tasks, self.w.ops
-        saved_outputs, size, present, events = self.saved_outputs, self.size, self.present, self.events
-        output_bytes = _setup_of(self.w).saved_output_bytes
-        last_fwd_use_of_saved, last_bwd_read_of = self.w.last_fwd_use_of_saved, self.w.last_bwd_read_of
-        last_bwd_reader, actions, memory, trigger_s = self.w.last_bwd_reader, self.actions, self.memory, self.trigger_s
-        recompute, n, log, budget = Action.RECOMPUTE, self.n, self.log, self.budget
-        now, mem, peak, seq, ci, recompute_time = self.now, self.mem, self.peak, self.seq, self.ci, self.recompute_time
-        group_allocs, fwd_done_upto, triggered = self.group_allocs, self.fwd_done_upto, self.triggered_step
-        ended, idle_since, ready_at = self.compute_end_s, self.idle_since, self.data_ready_at
-        while ci < n_tasks:
-            task = tasks[ci]
-            kind, op_index = task.kind, task.op_index
-            op = ops[op_index]
-            if kind is _BACKWARD:
-                alloc, alloc_bytes = (), 0
-            elif present.isdisjoint(saved_outputs[op_index]):  # as always in forward
-                alloc, alloc_bytes = saved_outputs[op_index], output_bytes[op_index]
-            else:
-                alloc = [o for o in saved_outputs[op_index] if o not in present]
-                alloc_bytes = 0
-                for name in alloc:
-                    alloc_bytes += size[name]
-            if mem + alloc_bytes > budget:
-                self.now, self.mem, self.peak, self.seq, self.ci = now, mem, peak, seq, ci
-                self.recompute_time, self.group_allocs, self.fwd_done_upto = recompute_time, group_allocs, fwd_done_upto
-                self.triggered_step, self.data_ready_at = triggered, now
-                self.compute_end_s, self.idle_since = ended, idle_since
-                if not self._lift_budget():
-                    self._raise_infeasible()
-                budget = self.budget
-            start = now
-            if alloc:
-                if log is None:
-                    present.update(alloc)
-                    mem += alloc_bytes  # their sizes' sum
-                else:
-                    for name in alloc:
-                        present.add(name)
-                        mem += size[name]
-                        log.append((now, name, True))
-                if mem > peak:
-                    peak = mem
-                memory.append((now, mem))
-                if kind is _RECOMPUTE:
-                    group_allocs.extend(alloc)
-            seq += 1  # the task's end, as _try_compute queues it
-            now = start + (op.bwd_time_s if kind is _BACKWARD else op.fwd_time_s)
-            events.append(("compute", kind, op.name, start, now, alloc_bytes, task.step))
-            freed = ()
-            if kind is _FORWARD:
-                fwd_done_upto = op_index
-                freed = last_fwd_use_of_saved[op_index]
-                if freed:
-                    freed = [name for name in freed if actions[name] is recompute]
-            elif kind is _RECOMPUTE:
-                recompute_time += op.fwd_time_s
-                if task.last_of_group:
-                    current = op_of_backward_step(n, task.step)
-                    freed = [name for name in group_allocs
-                             if not (actions[name] is recompute and last_bwd_reader[name] <= current)]
-                    group_allocs = []
-            else:
-                freed = last_bwd_read_of[op_index]
-            for name in freed:
-                if name in present:
-                    present.discard(name)
-                    mem -= size[name]
-                    if log is not None:
-                        log.append((now, name, False))
-                    memory.append((now, mem))
-            ended = idle_since = now
-            ready_at = None
-            ci += 1
-            if ci < n_tasks and tasks[ci].first_of_step:
-                triggered = tasks[ci].step
-                trigger_s[triggered] = now
-        self.now, self.mem, self.peak, self.seq, self.ci = now, mem, peak, seq, ci
-        self.recompute_time, self.group_allocs, self.fwd_done_upto = recompute_time, group_allocs, fwd_done_upto
-        self.triggered_step, self.data_ready_at = triggered, ready_at
-        self.compute_end_s, self.idle_since = ended, idle_since
-
-    def _run_with_copies(self) -> bool:
-        """``_dispatch`` then ``_run_events`` in one function, for a plan that copies: the same steps
-        in the same order, with the state in local variables and the methods' bodies written out (a
-        run takes a thousand instants of a few short steps each, and the calls cost more than the
-        steps). False, with the state stored, at the first memory check that fails under a budget
-        that lifts: the caller forks there (``_lift_budget``) and calls it again, and a dispatch
-        pass tried again from its start does what the rest of the pass would do (``resume``)."""
-        heap, push, pop = self.heap, heapq.heappush, heapq.heappop
-        tasks, n_tasks, n, ops = self.tasks, self.n_tasks, self.n, self.w.ops
-        saved_outputs, size, present = self.saved_outputs, self.size, self.present
-        output_bytes = _setup_of(self.w).saved_output_bytes
-        events, memory, log = self.events, self.memory, self.log
-        actions, prefetch, swap, recompute = self.actions, self.plan.prefetch_step, Action.SWAP, Action.RECOMPUTE
-        bwd_reads, inputs = self.setup.bwd_reads, self.setup.inputs
-        last_fwd_use_of_saved, last_bwd_read_of = self.w.last_fwd_use_of_saved, self.w.last_bwd_read_of
-        last_bwd_reader, last_fwd_use = self.w.last_bwd_reader, self.w.last_fwd_use
-        d2h_queue, queued_s, d2h_done, d2h_end_s = self.d2h_queue, self.queued_s, self.d2h_done, self.d2h_end_s
-        h2d_order, h2d_issued, h2d_done = self.h2d_order, self.h2d_issued, self.h2d_done
-        cancelled, trigger_s, n_order = self.cancelled, self.trigger_s, len(self.h2d_order)
-        hw = self.hw
-        latency = hw.copy_latency_s
-        # _rate_of's four outcomes
-        d2h_alone, d2h_duplex = hw.d2h_bytes_per_s * 1.0, hw.d2h_bytes_per_s * hw.duplex_d2h_factor
-        h2d_alone, h2d_duplex = hw.h2d_bytes_per_s * 1.0, hw.h2d_bytes_per_s * hw.duplex_h2d_factor
-        budget, can_lift = self.budget, self.lift_to is not None
-        now, mem, peak, seq, ci = self.now, self.mem, self.peak, self.seq, self.ci
-        busy, idle_since, ready_at, compute_end_s = self.compute_busy, self.idle_since, self.data_ready_at, self.compute_end_s
-        fwd_done_upto, triggered, group_allocs = self.fwd_done_upto, self.triggered_step, self.group_allocs
-        d2h, h2d, d2h_head, h2d_head, h2d_gate = self.d2h, self.h2d, self.d2h_head, self.h2d_head, self.h2d_gate
-        d2h_last_end, h2d_last_end = self.last_copy_end_s["d2h"], self.last_copy_end_s["h2d"]
-        d2h_bytes, h2d_bytes, recompute_time = self.d2h_bytes, self.h2d_bytes, self.recompute_time
-        stall_copy, stall_memory = self.stall_copy, self.stall_memory
-        bound = False  # a memory check failed under a budget that lifts
-        while True:
-            # ---- a dispatch pass (_dispatch) ----
-            while True:
-                if not busy and ci < n_tasks:  # _try_compute
-                    task = tasks[ci]
-                    kind, op_index = task.kind, task.op_index
-                    go = True
-                    if ready_at is None:
-                        if kind is _RECOMPUTE:
-                            for name in inputs[op_index]:  # the swapped ones: swapped_inputs
-                                if (name not in h2d_done and actions.get(name) is swap
-                                        and prefetch[name] <= task.step):
-                                    go = False
-                                    break
-                        elif kind is _BACKWARD:
-                            for name in bwd_reads[op_index]:  # the swapped ones: swapped_bwd_reads
-                                if name not in h2d_done and actions.get(name) is swap:
-                                    go = False
-                                    break
-                        if go:
-                            ready_at = now
-                    if go:
-                        alloc_bytes = 0
-                        if kind is _BACKWARD:
-                            alloc = None
-                        elif present.isdisjoint(saved_outputs[op_index]):  # as always in forward
-                            alloc, alloc_bytes = saved_outputs[op_index], output_bytes[op_index]
-                        else:
-                            alloc = [o for o in saved_outputs[op_index] if o not in present]
-                            for name in alloc:
-                                alloc_bytes += size[name]
-                        if mem + alloc_bytes > budget:
-                            if can_lift:
-                                bound = True
-                                break
-                        else:
-                            op = ops[op_index]
-                            if ready_at > idle_since:
-                                stall_copy += ready_at - idle_since
-                                events.append(("compute", "stall_copy", op.name, idle_since, ready_at, 0, task.step))
-                            if now > ready_at:
-                                stall_memory += now - ready_at
-                                events.append(("compute", "stall_memory", op.name, ready_at, now, 0, task.step))
-                            if alloc:
-                                if log is None:
-                                    present.update(alloc)
-                                    mem += alloc_bytes  # their sizes' sum
-                                else:
-                                    for name in alloc:
-                                        present.add(name)
-                                        mem += size[name]
-                                        log.append((now, name, True))
-                                if mem > peak:
-                                    peak = mem
-                                memory.append((now, mem))
-                                if kind is _RECOMPUTE:
-                                    group_allocs.extend(alloc)
-                                duration = op.fwd_time_s
-                            else:
-                                duration = op.bwd_time_s if kind is _BACKWARD else op.fwd_time_s
-                            busy = True
-                            push(heap, (now + duration, seq, _COMPUTE_END, (task, now, alloc_bytes)))
-                            seq += 1
-                if d2h is None and d2h_head < len(d2h_queue):  # _try_d2h
-                    while d2h_head < len(d2h_queue) and d2h_queue[d2h_head] in cancelled:
-                        d2h_head += 1
-                    if d2h_head < len(d2h_queue):
-                        tensor = d2h_queue[d2h_head]
-                        d2h_head += 1
-                        nbytes = size[tensor]
-                        if d2h_last_end == now:
-                            begin = queued_s[tensor] + latency
-                            begin = begin if begin > now else now
-                        else:
-                            begin = now + latency
-                        rate = d2h_duplex if h2d is not None else d2h_alone
-                        d2h = [tensor, nbytes, now, begin, float(nbytes), rate, now, 1]
-                        push(heap, ((begin if begin > now else now) + d2h[4] / rate, seq, "d2h", (d2h, 1)))
-                        seq += 1
-                        if h2d is not None and h2d[5] != h2d_duplex:  # _rerate("h2d")
-                            begin = h2d[3] if h2d[3] > h2d[6] else h2d[6]
-                            if now > begin:
-                                left = h2d[4] - (now - begin) * h2d[5]
-                                h2d[4] = left if left > 0.0 else 0.0
-                            h2d[5], h2d[6] = h2d_duplex, now
-                            h2d[7] += 1
-                            begin = h2d[3]
-                            push(heap, ((begin if begin > now else now) + h2d[4] / h2d_duplex, seq, "h2d", (h2d, h2d[7])))
-                            seq += 1
-                if not (h2d is None and h2d_head < n_order and h2d_gate <= triggered):
-                    break
-                # _try_h2d
-                while h2d_head < n_order and h2d_order[h2d_head] in h2d_issued:
-                    h2d_head += 1
-                if h2d_head >= n_order:
-                    break
-                tensor = h2d_order[h2d_head]
-                if prefetch[tensor] > triggered:
-                    h2d_gate = prefetch[tensor]
-                    break
-                waited = None
-                k = 0
-                while True:  # the head, then (when it does not fit) what compute waits for: _issue_h2d
-                    if tensor in present:
-                        if tensor in group_allocs:
-                            group_allocs.remove(tensor)
-                        if tensor not in d2h_done:
-                            cancelled.add(tensor)
-                        h2d_issued.add(tensor)
-                        h2d_done.add(tensor)
-                        break
-                    if tensor in d2h_done:
-                        nbytes = size[tensor]
-                        if mem + nbytes <= budget:
-                            present.add(tensor)
-                            mem += nbytes
-                            if log is not None:
-                                log.append((now, tensor, True))
-                            if mem > peak:
-                                peak = mem
-                            memory.append((now, mem))
-                            h2d_issued.add(tensor)
-                            if h2d_last_end == now:
-                                begin = trigger_s[prefetch[tensor]]
-                                ended = d2h_end_s[tensor]
-                                begin = (ended if ended > begin else begin) + latency
-                                begin = begin if begin > now else now
-                            else:
-                                begin = now + latency
-                            rate = h2d_duplex if d2h is not None else h2d_alone
-                            h2d = [tensor, nbytes, now, begin, float(nbytes), rate, now, 1]
-                            push(heap, ((begin if begin > now else now) + h2d[4] / rate, seq, "h2d", (h2d, 1)))
-                            seq += 1
-                            if d2h is not None and d2h[5] != d2h_duplex:  # _rerate("d2h")
-                                begin = d2h[3] if d2h[3] > d2h[6] else d2h[6]
-                                if now > begin:
-                                    left = d2h[4] - (now - begin) * d2h[5]
-                                    d2h[4] = left if left > 0.0 else 0.0
-                                d2h[5], d2h[6] = d2h_duplex, now
-                                d2h[7] += 1
-                                begin = d2h[3]
-                                push(heap, ((begin if begin > now else now) + d2h[4] / d2h_duplex, seq, "d2h",
-                                            (d2h, d2h[7])))
-                                seq += 1
-                            break
-                        if can_lift:
-                            bound = True
-                            break
-                    if waited is None:
-                        waited = (self._waiting_on(tasks[ci]) if not busy and ci < n_tasks and ready_at is None
-                                  else ())
-                    if k == len(waited):
-                        tensor = None
-                        break
-                    tensor = waited[k]
-                    k += 1
-                if tensor is None or bound:
-                    break
-            if bound:
-                break
-            # ---- the next instant (_run_events, _next_instant) ----
-            while heap:
-                top = heap[0]
-                if top[2] is not _COMPUTE_END and top[3][1] != top[3][0][7]:
-                    pop(heap)  # a copy end re-timed by a change of the other direction
-                else:
-                    break
-            if not heap:
-                break
-            now = heap[0][0]
-            while heap:
-                top = heap[0]
-                if top[2] is _COMPUTE_END:
-                    if top[0] != now:
-                        break
-                    pop(heap)
-                    task, start_s, alloc_bytes = top[3]  # _end_compute
-                    kind, op_index = task.kind, task.op_index
-                    op = ops[op_index]
-                    events.append(("compute", kind, op.name, start_s, now, alloc_bytes, task.step))
-                    if kind is _FORWARD:
-                        fwd_done_upto = op_index
-                        for name in saved_outputs[op_index]:
-                            if actions[name] is swap:
-                                d2h_queue.append(name)
-                                queued_s[name] = now
-                        freed = last_fwd_use_of_saved[op_index]
-                        if freed:
-                            freed = [name for name in freed
-                                     if actions[name] is recompute or (actions[name] is swap and name in d2h_done)]
-                    elif kind is _RECOMPUTE:
-                        recompute_time += op.fwd_time_s
-                        freed = ()
-                        if task.last_of_group:
-                            current = op_of_backward_step(n, task.step)
-                            freed = [name for name in group_allocs
-                                     if not (actions[name] is recompute and last_bwd_reader[name] <= current)]
-                            group_allocs = []
-                    else:
-                        freed = last_bwd_read_of[op_index]
-                    for name in freed:  # _free
-                        if name in present:
-                            present.discard(name)
-                            mem -= size[name]
-                            if log is not None:
-                                log.append((now, name, False))
-                            memory.append((now, mem))
-                    busy = False
-                    compute_end_s = idle_since = now
-                    ci += 1
-                    ready_at = None
-                    if ci < n_tasks and tasks[ci].first_of_step:
-                        triggered = tasks[ci].step
-                        trigger_s[triggered] = now
-                    continue
-                copy, generation = top[3]
-                if generation != copy[7]:
-                    pop(heap)  # a copy end re-timed since
-                    continue
-                if top[0] != now:
-                    break
-                pop(heap)
-                tensor = copy[0]  # _end_copy
-                step = tasks[ci].step if ci < n_tasks else n
-                if top[2] == "d2h":
-                    events.append(("d2h", "copy_out", tensor, copy[2], now, copy[1], step))
-                    d2h_last_end = now
-                    d2h = None
-                    d2h_bytes += copy[1]
-                    d2h_done.add(tensor)
-                    d2h_end_s[tensor] = now
-                    if last_fwd_use[tensor] <= fwd_done_upto and tensor not in cancelled and tensor in present:
-                        present.discard(tensor)
-                        mem -= size[tensor]
-                        if log is not None:
-                            log.append((now, tensor, False))
-                        memory.append((now, mem))
-                    other, rate = h2d, h2d_alone
-                else:
-                    events.append(("h2d", "copy_in", tensor, copy[2], now, copy[1], step))
-                    h2d_last_end = now
-                    h2d = None
-                    h2d_bytes += copy[1]
-                    h2d_done.add(tensor)
-                    other, rate = d2h, d2h_alone
-                if other is not None and other[5] != rate:  # _rerate of the other direction
-                    begin = other[3] if other[3] > other[6] else other[6]
-                    if now > begin:
-                        left = other[4] - (now - begin) * other[5]
-                        other[4] = left if left > 0.0 else 0.0
-                    other[5], other[6] = rate, now
-                    other[7] += 1
-                    begin = other[3]
-                    push(heap, ((begin if begin > now else now) + other[4] / rate, seq,
-                                "h2d" if other is h2d else "d2h", (other, other[7])))
-                    seq += 1
-        self.now, self.mem, self.peak, self.seq, self.ci = now, mem, peak, seq, ci
-        self.compute_busy, self.idle_since, self.data_ready_at, self.compute_end_s = busy, idle_since, ready_at, compute_end_s
-        self.fwd_done_upto, self.triggered_step, self.group_allocs = fwd_done_upto, triggered, group_allocs
-        self.d2h, self.h2d, self.d2h_head, self.h2d_head, self.h2d_gate = d2h, h2d, d2h_head, h2d_head, h2d_gate
-        self.last_copy_end_s["d2h"], self.last_copy_end_s["h2d"] = d2h_last_end, h2d_last_end
-        self.d2h_bytes, self.h2d_bytes, self.recompute_time = d2h_bytes, h2d_bytes, recompute_time
-        self.stall_copy, self.stall_memory = stall_copy, stall_memory
-        if bound:
-            return False
-        if ci < n_tasks:
-            self._raise_infeasible()
-        return True
 
     def _next_instant(self) -> None:
         """Handle every event due at the next instant before starting anything, so memory
@@ -983,7 +513,7 @@ class _Simulation:
         while heap:
             top = heap[0]
             kind, payload = top[2], top[3]
-            if kind is _COMPUTE_END:
+            if kind is COMPUTE_END:
                 if top[0] != now:
                     break
                 pop(heap)
@@ -1000,7 +530,7 @@ class _Simulation:
     def _drop_stale(self) -> bool:
         """Discard copy ends re-timed by a change of the other direction; True if events remain."""
         heap = self.heap
-        while heap and heap[0][2] is not _COMPUTE_END and heap[0][3][1] != heap[0][3][0].generation:
+        while heap and heap[0][2] is not COMPUTE_END and heap[0][3][1] != heap[0][3][0].generation:
             heapq.heappop(heap)
         return bool(heap)
 
