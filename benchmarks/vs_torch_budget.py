@@ -74,7 +74,8 @@ ROOT = Path(__file__).resolve().parent.parent
 HW = PRESETS["a100-80gb-pcie4"]
 BUDGETS = (0.2, 0.4, 0.6, 0.8)
 POLICIES = ("recompute-optimal", "slackswap", "least-flops")
-COMPILED_POLICIES = ("recompute-optimal", "slackswap", compiled_path.FEWEST_FLOPS, compiled_path.HOLDING)
+COMPILED_POLICIES = ("recompute-optimal", "slackswap", compiled_path.FEWEST_FLOPS, compiled_path.HOLDING,
+                     compiled_path.MIXED)
 """The compiled path's columns besides AT_PEAK."""
 AT_PEAK = "recompute-optimal at torch's peak"
 """The compiled path's fourth column: `recompute-optimal` for the peak torch's plan reaches in slackswap's model."""
@@ -117,9 +118,10 @@ def compiled_step(maker, policy: str, budgets_bytes: list[int], torch_budget: fl
     model, batch, loss_fn = _fresh(maker)
     make = compiled_path.plan_maker(policy, budgets_bytes, HW, least_flops_plan)
     flops = policy == compiled_path.FEWEST_FLOPS
+    objective = "flops" if flops else "mixed" if policy == compiled_path.MIXED else "time"
     result = compiled_path.slackswap_step(model, batch, loss_fn, make, HW, _excluded_storages(model, batch),
-                                          objective="flops" if flops else "time",
-                                          torch_budget=torch_budget if flops else None)
+                                          objective=objective,
+                                          torch_budget=torch_budget if objective != "time" else None)
     if isinstance(result, str):
         return result
     if flops and any(g.plan.info.get("search") == "cut off" for g in result[3]):  # keep-all plans have no search
@@ -261,8 +263,9 @@ def _compiled_columns(maker, torch_graphs, budget: float) -> dict:
     columns = {"torch_graph_held": [share for share, _, _ in torch_graphs], "graph_budgets": shares,
                "torch_throughput": None if None in timelines else compiled_path.step_throughput_pct(timelines)}
     for policy in COMPILED_POLICIES:
-        # The fewest-FLOPs plan bounds what each graph holds at its boundary: torch's bytes there as they are.
-        budgets = [share for share, _, _ in torch_graphs] if policy == compiled_path.FEWEST_FLOPS else shares
+        # The fewest-FLOPs and mixed plans bound what each graph holds at its boundary: torch's bytes there as they are.
+        budgets = ([share for share, _, _ in torch_graphs] if policy in (compiled_path.FEWEST_FLOPS, compiled_path.MIXED)
+                   else shares)
         columns[f"compiled {policy}"] = compiled_step(maker, policy, budgets, budget)
     columns[f"compiled {AT_PEAK}"] = ("torch's plan not in the space" if None in timelines else
                                       compiled_step(maker, "recompute-optimal", [t.peak_memory_bytes for t in timelines]))
@@ -361,7 +364,12 @@ def _compiled_section(rows) -> list[str]:
         "torch's bytes in that graph, each re-run node run once. recompute-optimal holding torch's bytes: its plan "
         "for the largest budget "
         "(bisected, 10 steps) whose kept tensors and step inputs, what it holds when the forward pass ends, are at "
-        "most torch's bytes in that graph, so that both hold the same. recompute-optimal at torch's peak: planned, "
+        "most torch's bytes in that graph, so that both hold the same. mixed holding torch's bytes: "
+        "`PlanningPartitioner(objective=\"mixed\", torch_budget=<the row's budget>)`, the fastest plan in the "
+        "simulator (`slackswap.compiled.mixed_held`, a descent over keep / swap / recompute from the fewest-FLOPs "
+        "plan and from torch's own plan) with what each graph holds when its forward pass ends at most torch's "
+        "bytes there; a swapped tensor counts as not held only if the simulator ends its copy out before the "
+        "forward pass ends. recompute-optimal at torch's peak: planned, "
         "graph by graph, for the peak "
         "torch's plan reaches in that simulation, which counts the backward's rebuilt tensors too (a budget torch's "
         "plan meets in slackswap's model). Where the budget is at least the keep-all plan's peak, the keep-all plan "
@@ -370,8 +378,9 @@ def _compiled_section(rows) -> list[str]:
         "| model | torch budget | torch held | torch bwd FLOPs | torch simulated | recompute-optimal held | its bwd "
         "FLOPs | its throughput | slackswap held | its bwd FLOPs | its throughput | fewest FLOPs holding torch's "
         "bytes: held | its bwd FLOPs | its throughput | recompute-optimal holding torch's bytes: held | its bwd "
-        "FLOPs | its throughput | recompute-optimal at torch's peak: held | its bwd FLOPs | its throughput |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "FLOPs | its throughput | mixed holding torch's bytes: held | its bwd FLOPs | its throughput | "
+        "recompute-optimal at torch's peak: held | its bwd FLOPs | its throughput |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     compiled = [row for row in rows if "compiled_keep_flops" in row]
     for row in compiled:
@@ -389,6 +398,12 @@ def _compiled_section(rows) -> list[str]:
         planned = [(row, r) for row, r in results if not isinstance(r, str)]
         meets = [row for row, (held, flops, _) in planned if held <= row["torch_held"] and flops <= row["torch_flops"]]
         lines.append(f"- {policy}: {len(meets)} of {len(planned)} ({len(results)} cells)")
+    simulated = [row for row in compiled if row["torch_throughput"] is not None]
+    faster = [row for row in simulated for r in [row[f"compiled {compiled_path.MIXED}"]] if not isinstance(r, str)
+              and r[0] <= row["torch_held"] and r[2] >= row["torch_throughput"]]
+    lines += ["", f"Cells where {compiled_path.MIXED} holds at most torch's bytes and simulates at least as fast as "
+              f"torch's plan, of the cells where torch's plan is simulated: {len(faster)} of {len(simulated)} "
+              f"({len(compiled)} cells)."]
     runs = [run for row in compiled for run in [row.get("run")] if run]
     if runs:
         lines += ["", "Run: " + "; ".join(dict.fromkeys(runs)) + "."]

@@ -178,6 +178,10 @@ HOLDING = "recompute-optimal holding torch's bytes"
 FEWEST_FLOPS = "fewest FLOPs holding torch's bytes"
 """slackswap.compiled.fewest_flops on the min-cut candidates widened with torch's own saved set at the
 row's budget (PlanningPartitioner(objective="flops", torch_budget=...))."""
+MIXED = "mixed holding torch's bytes"
+"""slackswap.compiled.mixed_held from the fewest-FLOPs plan and torch's own plan, swaps allowed, what each
+graph holds when its forward pass ends at most torch's bytes there (PlanningPartitioner(objective="mixed",
+torch_budget=...))."""
 HOLDING_STEPS = 10
 """Bisection steps of ``holding_plan`` (the budget to 1/1024 of the range searched)."""
 
@@ -230,7 +234,7 @@ def plan_maker(policy: str, budgets_bytes: list[int], hardware, least_flops_plan
             return make_plan(workload, {}, policy="ideal", budget_bytes=None)
         if policy == HOLDING:  # a bound on what it holds at the boundary, not on its peak
             return holding_plan(workload, budget_bytes, hardware)
-        if policy == FEWEST_FLOPS:  # likewise, found exactly
+        if policy in (FEWEST_FLOPS, MIXED):  # likewise, found exactly (the partitioner mixes in swaps from it)
             try:
                 return fewest_flops_plan(workload, budget_bytes)
             except BudgetError:

@@ -287,7 +287,9 @@ def compile(model: Any, batch: Any = None, loss_fn: Any = None, *, hardware: Har
     re-runs the fewest FLOPs (FlopCounterMode's count) while what each graph holds when its forward pass
     ends is within ``budget`` (a fraction of what it holds with everything kept, or bytes), found
     exactly (compiled/fewest_flops.py), each re-run node run once; with saved_set="min-cut" and a
-    fraction, what PyTorch's own plan at that budget saves is among the candidates. With
+    fraction, what PyTorch's own plan at that budget saves is among the candidates; "mixed" holds the
+    same bound with swaps allowed (a swapped tensor is not held at the boundary): the fastest plan the
+    simulator finds from the fewest-FLOPs plan and PyTorch's (compiled/mixed_held.py). With
     ``batch`` and ``loss_fn`` one step is compiled now and its effects undone (gradients, buffers,
     RNG). ``compiled.slackswap`` lists each graph's workload and plan (docs/runtime.md, The compiled path)."""
     from .errors import require

@@ -53,8 +53,8 @@ def compile_with_plan(model: torch.nn.Module, batch: Any = None, loss_fn: Any = 
         raise ValidationError(f"saved_set {saved_set!r} is not one of {', '.join(SAVED_SETS)}")
     if objective not in OBJECTIVES:
         raise ValidationError(f"objective {objective!r} is not one of {', '.join(OBJECTIVES)}")
-    if objective == "flops" and plan is not None:
-        raise ValidationError("objective='flops' makes each graph's plan itself: drop plan= (or the objective)")
+    if objective != "time" and plan is not None:
+        raise ValidationError(f"objective={objective!r} makes each graph's plan itself: drop plan= (or the objective)")
     if compile_kwargs.get("dynamic"):
         raise ValidationError("slackswap.compile plans each input shape on its own: drop dynamic=True "
                               "(each new shape compiles and plans one more graph)")
@@ -64,7 +64,7 @@ def compile_with_plan(model: torch.nn.Module, batch: Any = None, loss_fn: Any = 
         _refuse_bytes_for_fsdp(model, budget)
     if plan is not None:
         make = plan_lookup([plan] if isinstance(plan, Plan) else list(plan))
-    elif objective == "flops":
+    elif objective in ("flops", "mixed"):  # "mixed" starts from the fewest-FLOPs plan (PlanningPartitioner)
         from .fewest_flops import fewest_flops_plan
 
         def make(workload: Workload) -> Plan:
@@ -80,7 +80,7 @@ def compile_with_plan(model: torch.nn.Module, batch: Any = None, loss_fn: Any = 
     sharded = _fsdp_buffers_are_state(model)
     # With torch's objective and a fraction, torch's own plan at that activation_memory_budget is added to
     # the min-cut candidates, so that its plan is one of the space's.
-    widen = objective == "flops" and saved_set == "min-cut" and isinstance(budget, float)
+    widen = objective in ("flops", "mixed") and saved_set == "min-cut" and isinstance(budget, float)
     partitioner = PlanningPartitioner(hw, make, name=type(model).__name__, unit_graphs=sharded, saved_set=saved_set,
                                       objective=objective, torch_budget=budget if widen else None)
     compiled = torch.compile(model, backend=make_backend(partitioner, backend), **compile_kwargs)

@@ -18,10 +18,11 @@ from ..workload import Workload
 from . import carry_out
 from .graph_workload import GraphWorkload, build_graph_workload, tag_untagged_backward
 from .fewest_flops import rebuild_chains, recompute_flops
-from .min_cut import budget_cut, zero_flop_cut
+from .min_cut import budget_cut, plan_of_saved_set, twins, zero_flop_cut
+from .mixed_held import mixed_held_plan
 
 SAVED_SETS = ("autograd", "min-cut")
-OBJECTIVES = ("time", "flops")
+OBJECTIVES = ("time", "flops", "mixed")
 
 
 @dataclass
@@ -73,7 +74,11 @@ class PlanningPartitioner:
         self.objective = objective
         """"time": backward re-runs each recompute group as the plan's schedule does (a node shared by
         groups of two steps is run once per group, as the simulator counts it); "flops": each re-run
-        node once, kept until its last use, as PyTorch's partitioner does (fewest_flops.py's count)."""
+        node once, kept until its last use, as PyTorch's partitioner does (fewest_flops.py's count);
+        "mixed": the same bound on what is held when the forward pass ends, the plan the fastest found in
+        the simulator with swaps and recomputes mixed (mixed_held.py), descending from ``make_plan``'s
+        recompute-only plan (whose info gives the bound, "held_budget_bytes") and, with torch_budget, from
+        PyTorch's own plan; re-run nodes are run once as with "flops"."""
         self.torch_budget = torch_budget
         """Where set, the candidates also hold what PyTorch's own plan at activation_memory_budget =
         torch_budget saves (min_cut.budget_cut), so that plan is one of the space's."""
@@ -87,14 +92,15 @@ class PlanningPartitioner:
 
     def __call__(self, joint: fx.GraphModule, joint_inputs: Sequence[Any], *, num_fwd_outputs: int,
                  static_lifetime_input_indices: list[int] | None = None, **_: Any):
-        cut = None
+        cut = torch_saved = None
         if self.saved_set == "min-cut":
             tag_untagged_backward(joint.graph)
             cut = zero_flop_cut(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs,
                                 static_lifetime_input_indices=static_lifetime_input_indices)
             if self.torch_budget is not None:
-                cut |= budget_cut(joint, joint_inputs, self.torch_budget, num_fwd_outputs=num_fwd_outputs,
-                                  static_lifetime_input_indices=static_lifetime_input_indices)
+                torch_saved = budget_cut(joint, joint_inputs, self.torch_budget, num_fwd_outputs=num_fwd_outputs,
+                                         static_lifetime_input_indices=static_lifetime_input_indices)
+                cut |= torch_saved
         graph_workload = build_graph_workload(
             joint, static_lifetime_input_indices, self.hardware, name=f"{self.name}.graph{len(self.graphs)}",
             unit_graphs=self.unit_graphs, cut=cut)
@@ -103,6 +109,8 @@ class PlanningPartitioner:
             plan = self.make_plan(workload)
         else:  # it saves only its inputs (a graph after a break, say): nothing to plan, all kept
             plan = make_plan(workload, {}, policy="ideal", budget_bytes=None)
+        if self.objective == "mixed":
+            plan = self._mixed(joint, graph_workload, plan, torch_saved)
         check_plan(graph_workload.workload, plan)
         carry_out.tag_joint_graph(joint, graph_workload, plan)
         fw, bw = default_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs,
@@ -120,6 +128,18 @@ class PlanningPartitioner:
             graph_workload=graph_workload, backward_graph=bw,
         ))
         return fw, bw
+
+    def _mixed(self, joint: fx.GraphModule, graph_workload: GraphWorkload, plan: Plan, torch_saved) -> Plan:
+        """objective="mixed": the fastest plan found holding what ``plan`` may hold at the boundary."""
+        budget = plan.info.get("held_budget_bytes")
+        if budget is None or Action.RECOMPUTE not in plan.actions.values():
+            return plan  # nothing recomputed (the keep-all plan, say): nothing to turn into a swap
+        starts = [plan]
+        if torch_saved is not None:
+            torch_plan = plan_of_saved_set(graph_workload, set(torch_saved), twin_of=twins(joint))
+            if torch_plan is not None:
+                starts.append(torch_plan)
+        return mixed_held_plan(graph_workload.workload, self.hardware, budget, starts)
 
     def _plan_recompute_flops(self, workload: Workload, plan: Plan) -> float:
         if self.objective == "time":
