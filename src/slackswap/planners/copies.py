@@ -126,6 +126,7 @@ class WindowBooking:
             free_at = max(free_at, made_at[name]) + latency + size[name] / d2h
             self.out_end_s.append(free_at)
         self.end_of = {name: end for (_, name), end in zip(self.by_made, self.out_end_s)}
+        self.out_transfer_s = [size[name] / d2h for _, name in self.by_made]  # in by_made order
         forward_s = facts.forward_time_s
         self.tail_s = max(0.0, free_at - forward_s) if names else 0.0  # the last copy out's run into backward
         self.by_use = sorted(self._keys(n)[1] for n in names)
@@ -221,15 +222,29 @@ class WindowBooking:
         i = pos
         last_out_s = None
         while i < count:
-            if i >= plain_after and i > pos and out_deadline_s is not None and not commit:
-                late_by = out_end[-1] + (free_at - out_end[i - 1])
-                if late_by > out_deadline_s + margin:
-                    return False
-                if late_by < min(out_deadline_s, forward_s) - margin:
-                    # Every copy out still ends in forward, so no copy back waits for one and
-                    # backward starts at the full rate: their exact ends do not matter.
-                    last_out_s = -math.inf
-                    break
+            if i >= plain_after and i > pos:
+                if out_deadline_s is not None and not commit:
+                    late_by = out_end[-1] + (free_at - out_end[i - 1])
+                    if late_by > out_deadline_s + margin:
+                        return False
+                    if late_by < min(out_deadline_s, forward_s) - margin:
+                        # Every copy out still ends in forward, so no copy back waits for one and
+                        # backward starts at the full rate: their exact ends do not matter.
+                        last_out_s = -math.inf
+                        break
+                # No copy out from here on waits for its tensor (none did, and they now start
+                # later): each ends its latency and transfer after the one before, the arithmetic
+                # of the loop below without its branches, up to the first end as recorded.
+                ends = list(itertools.accumulate(self.out_transfer_s[i:], lambda t, x: t + latency + x,
+                                                 initial=free_at))
+                same = bytes(map(operator.eq, ends[1:], out_end[i:])).find(1)
+                ends = ends[1:] if same < 0 else ends[1:same + 1]
+                moved.update(zip(map(operator.itemgetter(1), by_made[i:i + len(ends)]), ends))
+                out_waited += bytes(len(ends))
+                i += len(ends)
+                if ends:
+                    free_at = ends[-1]
+                break
             other = by_made[i][1]
             out_waited.append(made_at[other] > free_at)
             end = max(free_at, made_at[other]) + latency + size[other] / d2h
@@ -247,14 +262,16 @@ class WindowBooking:
         by_use, back_end, late, slack_after = self.by_use, self.back_end_s, self.late, self.slack_after
         at = bisect.bisect_left(by_use, use_key)
         # A copy out that moved changes its copy back only if that now waits for it: it is ready
-        # after the copy before it landed (which can only land later than recorded).
+        # after the copy before it landed (which can only land later than recorded). The moved
+        # ends grow in made order (FIFO, the new copy's first): only those that end after forward
+        # (ready in backward) are looked at.
+        moved_names, moved_ends = list(moved), list(moved.values())
         moved_at = []
-        for other, end in moved.items():
-            ready_s = end - forward_s
-            if other is not name and ready_s > 0.0:
-                k = bisect.bisect_left(by_use, (facts.first_use_s[other], other))
-                if ready_s > (back_end[k - 1] if k else 0.0):
-                    moved_at.append(k)
+        for m in range(bisect.bisect_right(moved_ends, forward_s, 1), len(moved_ends)):
+            other, ready_s = moved_names[m], moved_ends[m] - forward_s
+            k = bisect.bisect_left(by_use, (facts.first_use_s[other], other))
+            if ready_s > (back_end[k - 1] if k else 0.0):
+                moved_at.append(k)
         last_moved = max(moved_at, default=-1)
         start = 0 if tail_s != self.tail_s else min(moved_at + [at])
         if not commit and late.find(1, 0, start) >= 0:
@@ -307,7 +324,8 @@ class WindowBooking:
             return slack_after[j] >= 0
         by_made.insert(pos, made_key)
         out_end.insert(pos, own_end)
-        out_end[pos + 1:pos + len(moved)] = [moved[by_made[k][1]] for k in range(pos + 1, pos + len(moved))]
+        self.out_transfer_s.insert(pos, size[name] / d2h)
+        out_end[pos + 1:pos + len(moved)] = itertools.islice(moved.values(), 1, None)  # moved is in made order
         self.out_waits[pos:pos + len(moved) - 1] = out_waited
         end_of.update(moved)
         by_use.insert(at, use_key)
