@@ -271,6 +271,44 @@ def test_window_booking_walks_only_what_a_copy_moves_and_answers_the_same(d2h, h
     assert answers == {True, False}
 
 
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_window_booking_on_long_random_streams_answers_as_the_plain_walk(seed):
+    # Long copy-out streams, busy for stretches of tens of copies between copies that wait for
+    # their tensors: the booking walks such a stretch in one go (a doubling stretch at a time, up to
+    # the first end as recorded). Every answer is round_trip_fits's, and the booking built one
+    # swap at a time holds what one built from the whole list at once holds.
+    import random
+
+    from slackswap.planners.common import facts_for
+    from slackswap.planners.copies import WindowBooking, round_trip_fits
+
+    rng = random.Random(seed)
+    n = 90
+    # Bursts of quick ops with big tensors (the link falls behind) between slow ops (it catches up).
+    fwd = [rng.choice((0.01, 0.02, 0.05)) if (i // 15) % 2 == 0 else rng.uniform(0.5, 1.5) for i in range(n)]
+    w = chain(n, fwd_time_s=fwd, size_bytes=[rng.randint(5, 60) for _ in range(n - 1)] + [1])
+    hw = slow_link(d2h_bytes_per_s=rng.uniform(60.0, 200.0), h2d_bytes_per_s=rng.uniform(60.0, 200.0),
+                   copy_latency_s=0.01, duplex_h2d_factor=0.5)
+    facts = facts_for(w)
+    answers, stretches = set(), 0
+    booking, booked = WindowBooking(facts, hw), []
+    for name in rng.sample(list(facts.candidates), len(facts.candidates)):
+        for deadline in (facts.forward_time_s, None):
+            fits = booking.fits(name, out_deadline_s=deadline)
+            assert fits == round_trip_fits(facts, hw, booked + [name], out_deadline_s=deadline)
+            answers.add(fits)
+        if booking.fits(name, out_deadline_s=None) or rng.random() < 0.3:
+            booking.add(name)
+            booked.append(name)
+            stretches = max(stretches, max(map(len, booking.out_waits.split(b"\x01"))))
+    whole = WindowBooking(facts, hw, booked)
+    fields = ("out_end_s", "out_waits", "out_transfer_s", "end_of", "back_end_s", "late", "waits", "slack_after",
+              "use_s", "transfer_s", "tail_s")
+    assert [getattr(whole, f) for f in fields] == [getattr(booking, f) for f in fields]
+    assert answers == {True, False}
+    assert stretches > 16  # some stretch of copies out that do not wait outran the first walked stretch
+
+
 def test_slackswap_spill_pass_appends_swaps_whose_copies_end_in_backward():
     from slackswap.planners.common import facts_for
     from slackswap.planners.slackswap import windowed_swaps

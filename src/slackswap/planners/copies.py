@@ -221,33 +221,46 @@ class WindowBooking:
         margin = self.margin_s
         i = pos
         last_out_s = None
+        out_waits, out_transfer = self.out_waits, self.out_transfer_s
+        stretch = 8
         while i < count:
-            if i >= plain_after and i > pos:
-                if out_deadline_s is not None and not commit:
-                    late_by = out_end[-1] + (free_at - out_end[i - 1])
-                    if late_by > out_deadline_s + margin:
-                        return False
-                    if late_by < min(out_deadline_s, forward_s) - margin:
-                        # Every copy out still ends in forward, so no copy back waits for one and
-                        # backward starts at the full rate: their exact ends do not matter.
-                        last_out_s = -math.inf
-                        break
-                # No copy out from here on waits for its tensor (none did, and they now start
-                # later): each ends its latency and transfer after the one before, the arithmetic
-                # of the loop below without its branches, up to the first end as recorded.
-                ends = list(itertools.accumulate(self.out_transfer_s[i:], lambda t, x: t + latency + x,
+            if i >= plain_after and i > pos and out_deadline_s is not None and not commit:
+                late_by = out_end[-1] + (free_at - out_end[i - 1])
+                if late_by > out_deadline_s + margin:
+                    return False
+                if late_by < min(out_deadline_s, forward_s) - margin:
+                    # Every copy out still ends in forward, so no copy back waits for one and
+                    # backward starts at the full rate: their exact ends do not matter.
+                    last_out_s = -math.inf
+                    break
+            waited_at = out_waits.find(1, i, i + stretch)
+            stretch_end = i + stretch if waited_at < 0 else waited_at
+            stretch *= 2  # a delay often dies out within a few copies: walk a doubling stretch at a time
+            if stretch_end > i:
+                # Copies i .. stretch_end - 1 did not wait for their tensors, nor do they now (they
+                # start later): each ends its latency and transfer after the one before (the
+                # arithmetic of the step below without its branches), up to the first end as recorded.
+                ends = list(itertools.accumulate(out_transfer[i:stretch_end], lambda t, x: t + latency + x,
                                                  initial=free_at))
-                same = bytes(map(operator.eq, ends[1:], out_end[i:])).find(1)
-                ends = ends[1:] if same < 0 else ends[1:same + 1]
-                moved.update(zip(map(operator.itemgetter(1), by_made[i:i + len(ends)]), ends))
+                del ends[0]
+                same = bytes(map(operator.eq, ends, out_end[i:stretch_end])).find(1)
+                if same >= 0:
+                    del ends[same:]
+                # A check needs only the copies out that now end after forward: a copy back waits
+                # for no other (moved.get below falls back to the recorded end, also in forward).
+                keep = 0 if commit else bisect.bisect_right(ends, forward_s)
+                moved.update(zip(map(operator.itemgetter(1), by_made[i + keep:i + len(ends)]), ends[keep:]))
                 out_waited += bytes(len(ends))
                 i += len(ends)
                 if ends:
                     free_at = ends[-1]
-                break
+                if same >= 0:
+                    break
+                continue
+            # Copy i waited for its tensor: it ends as recorded unless the delay outlasts the wait.
             other = by_made[i][1]
             out_waited.append(made_at[other] > free_at)
-            end = max(free_at, made_at[other]) + latency + size[other] / d2h
+            end = max(free_at, made_at[other]) + latency + out_transfer[i]
             if end == out_end[i]:
                 out_waited.pop()
                 break
