@@ -309,6 +309,27 @@ def test_window_booking_on_long_random_streams_answers_as_the_plain_walk(seed):
     assert stretches > 16  # some stretch of copies out that do not wait outran the first walked stretch
 
 
+def test_window_booking_lowers_the_least_slack_before_a_copy_booked_late_in_the_use_order():
+    # chain(10): a8 .. a0 (100 B each) are first used 0, 2, .., 16 s into backward; copies out take
+    # 0.1 ms (all end in forward, so the duplex tail stays 0) and copies back 2.5 s at 40 B/s, queued
+    # from the start of backward: the k-th lands at 2.5 (k + 1) s, 2.5 + 0.5 k s after its first use.
+    # Booked in use order, each commit walks only the new last copy back; the least slack from
+    # every earlier position on still falls to the new copy's, as a booking built at once holds.
+    from slackswap.planners.common import facts_for
+    from slackswap.planners.copies import WindowBooking
+
+    facts = facts_for(chain(10))
+    hw = slow_link(d2h_bytes_per_s=1e6, h2d_bytes_per_s=40.0)
+    by_use = [f"a{i}" for i in range(8, -1, -1)]
+    assert [facts.first_use_s[n] for n in by_use] == [2.0 * k for k in range(9)]
+    booking = WindowBooking(facts, hw)
+    for k, name in enumerate(by_use):
+        booking.add(name)
+        assert booking.tail_s == 0.0
+        assert booking.slack_after == [-(2.5 + 0.5 * k)] * (k + 1) + [float("inf")]
+        assert booking.slack_after == WindowBooking(facts, hw, by_use[:k + 1]).slack_after
+
+
 def test_slackswap_spill_pass_appends_swaps_whose_copies_end_in_backward():
     from slackswap.planners.common import facts_for
     from slackswap.planners.slackswap import windowed_swaps

@@ -145,10 +145,22 @@ class WindowBooking:
         self.slack_after = [math.inf] * (len(names) + 1)  # least (first use - landing) from each position on
         self._update_slack(len(names))
 
-    def _update_slack(self, upto: int) -> None:
-        slack = list(map(operator.sub, self.use_s[:upto], self.back_end_s[:upto]))
-        running = list(itertools.accumulate(reversed(slack), min, initial=self.slack_after[upto]))
-        self.slack_after[:upto] = running[:0:-1]
+    def _update_slack(self, upto: int, start: int = 0, was_s: float = -math.inf) -> None:
+        """slack_after after the landings on ``start`` .. ``upto - 1`` changed; ``was_s``: the least
+        slack from ``start`` on before. A commit only delays landings (and adds one), so the least
+        slack from ``start`` on can only shrink: each one before ``start`` (a least slack, not above
+        the ones after it) becomes the smaller of what it was and the new one from ``start`` on."""
+        slack_after = self.slack_after
+        slack = list(map(operator.sub, self.use_s[start:upto], self.back_end_s[start:upto]))
+        running = list(itertools.accumulate(reversed(slack), min, initial=slack_after[upto]))
+        slack_after[start:upto] = running[:0:-1]
+        now_s = slack_after[start]
+        if now_s > was_s:  # not a shrink (or no record of it): from the start
+            if start:
+                self._update_slack(start)
+            return
+        above = bisect.bisect_right(slack_after, now_s, 0, start)
+        slack_after[above:start] = [now_s] * (start - above)
 
     def _copy_back(self, now: float, ready_s: float, name: str, tail_s: float) -> float:
         """When the copy back of ``name`` lands: after ``now`` and its copy out (``ready_s``, in
@@ -347,7 +359,8 @@ class WindowBooking:
         back_end[start:j] = walked
         late[start:j] = bytearray(map(operator.gt, walked, self.use_s[start:start + len(walked)]))
         waits[start:j] = waited
+        was_s = slack_after[start]
         slack_after.insert(at, 0.0)
-        self._update_slack(start + len(walked))
+        self._update_slack(start + len(walked), start, was_s)
         self.tail_s = tail_s
         return True
