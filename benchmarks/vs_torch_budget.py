@@ -126,6 +126,8 @@ def compiled_step(maker, policy: str, budgets_bytes: list[int], torch_budget: fl
         return result
     if flops and any(g.plan.info.get("search") == "cut off" for g in result[3]):  # keep-all plans have no search
         raise RuntimeError("a fewest-FLOPs search stopped at its node cap: the table says every search completed")
+    if objective == "mixed":  # and the bytes its plans swap, to say whether they mix at all
+        return [*result[:3], sum(g.swapped_bytes for g in result[3])]
     return list(result[:3])
 
 
@@ -275,7 +277,7 @@ def _compiled_columns(maker, torch_graphs, budget: float) -> dict:
 def _cell(result, row, baseline_key: str = "eager_flops") -> str:
     if isinstance(result, str):
         return f"{result} | - | -"
-    held, flops, throughput = result
+    held, flops, throughput = result[:3]
     extra = 100.0 * (flops - row[baseline_key]) / row[baseline_key] if row[baseline_key] else math.nan
     return f"{held / 1024:.1f} KiB | {extra:+.1f} % | {throughput:.2f} %"
 
@@ -396,7 +398,7 @@ def _compiled_section(rows) -> list[str]:
     for policy in COMPILED_POLICIES:
         results = [(row, row[f"compiled {policy}"]) for row in compiled]
         planned = [(row, r) for row, r in results if not isinstance(r, str)]
-        meets = [row for row, (held, flops, _) in planned if held <= row["torch_held"] and flops <= row["torch_flops"]]
+        meets = [row for row, (held, flops, *_) in planned if held <= row["torch_held"] and flops <= row["torch_flops"]]
         lines.append(f"- {policy}: {len(meets)} of {len(planned)} ({len(results)} cells)")
     simulated = [row for row in compiled if row["torch_throughput"] is not None]
     faster = [row for row in simulated for r in [row[f"compiled {compiled_path.MIXED}"]] if not isinstance(r, str)
@@ -404,6 +406,11 @@ def _compiled_section(rows) -> list[str]:
     lines += ["", f"Cells where {compiled_path.MIXED} holds at most torch's bytes and simulates at least as fast as "
               f"torch's plan, of the cells where torch's plan is simulated: {len(faster)} of {len(simulated)} "
               f"({len(compiled)} cells)."]
+    mixed = [r for row in compiled for r in [row[f"compiled {compiled_path.MIXED}"]] if not isinstance(r, str)]
+    swapping = [r for r in mixed if len(r) > 3 and r[3] > 0]
+    lines.append(f"Its plans swap a tensor in {len(swapping)} of the {len(mixed)} cells where it has a plan "
+                 "(a swap counts only if its copy out ends before the forward pass does; a copy takes 6 us "
+                 "before its bytes, a100-80gb-pcie4's copy latency).")
     runs = [run for row in compiled for run in [row.get("run")] if run]
     if runs:
         lines += ["", "Run: " + "; ".join(dict.fromkeys(runs)) + "."]
