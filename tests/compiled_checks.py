@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import warnings
 
+import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode, _FlopCounterMode
 
@@ -18,6 +19,32 @@ from slackswap.compiled import carry_out
 from slackswap.errors import RuntimeFallbackWarning
 
 HARDWARE = "a100-80gb-pcie4"
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    """Autouse in the test modules that import it: each test compiles from a clean dynamo cache."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _decompositions():
+    from torch._inductor.compile_fx import select_decomp_table
+
+    return select_decomp_table()
+
+
+def step_with_partition(model, batch, loss, partition_fn):
+    """One training step of ``model`` compiled with ``partition_fn`` on the decomposed joint graph (as
+    backend aot_eager_decomp_partition builds it); returns the gradients."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._dynamo.backends.debugging import boxed_nop
+
+    backend = aot_autograd(fw_compiler=boxed_nop, bw_compiler=boxed_nop, decompositions=_decompositions,
+                           partition_fn=partition_fn)
+    loss(torch.compile(model, backend=backend), batch).backward()
+    return [p.grad.clone() for p in model.parameters()]
 
 
 def _count_rng_replays() -> None:

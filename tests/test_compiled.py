@@ -15,17 +15,11 @@ torch = pytest.importorskip("torch")
 import slackswap  # noqa: E402
 from slackswap.examples.models import ExampleConfig, loss_fn, make_batch, make_example  # noqa: E402
 
-from compiled_checks import HARDWARE, check_compiled, check_reload_steps  # noqa: E402
+from compiled_checks import HARDWARE, check_compiled, check_reload_steps, fresh_dynamo  # noqa: E402,F401 (fresh_dynamo: autouse)
 
 SMALL = ExampleConfig(layers=2, hidden=16, heads=2, ffn=32, seq_len=8, vocab=32)
 POLICIES = ("slackswap", "full-recompute", "swap-only", "capuchin")
 
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
 
 
 @pytest.mark.parametrize("policy", POLICIES)

@@ -13,9 +13,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import torch._functorch.config as functorch_config  # noqa: E402
-from torch._dynamo.backends.common import aot_autograd  # noqa: E402
-from torch._dynamo.backends.debugging import boxed_nop  # noqa: E402
 from torch._functorch.partitioners import min_cut_rematerialization_partition  # noqa: E402
+
+from compiled_checks import fresh_dynamo, step_with_partition  # noqa: E402,F401 (fresh_dynamo: autouse)
 
 import slackswap  # noqa: E402
 from slackswap.compiled.carry_out import ACTIVATION, graph_recompute_flops  # noqa: E402
@@ -32,29 +32,11 @@ HARDWARE = slackswap.get_hardware("a100-80gb-pcie4")
 SMALL = ExampleConfig(layers=2, hidden=16, heads=2, ffn=32, seq_len=8, vocab=32, dropout=0.0)
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
-
-def _decompositions():
-    from torch._inductor.compile_fx import select_decomp_table
-
-    return select_decomp_table()
-
-
 def _compile_step(kind, partition_fn):
-    """One training step of the SMALL example ``kind`` compiled with ``partition_fn`` on the decomposed joint
-    graph (as backend aot_eager_decomp_partition builds it); returns the gradients."""
+    """One training step of the SMALL example ``kind`` compiled with ``partition_fn``; its gradients."""
     torch._dynamo.reset()
     torch.manual_seed(0)
-    model = make_example(kind, SMALL)
-    backend = aot_autograd(fw_compiler=boxed_nop, bw_compiler=boxed_nop, decompositions=_decompositions,
-                           partition_fn=partition_fn)
-    loss_fn(torch.compile(model, backend=backend), make_batch(SMALL)).backward()
-    return [p.grad.clone() for p in model.parameters()]
+    return step_with_partition(make_example(kind, SMALL), make_batch(SMALL), loss_fn, partition_fn)
 
 
 def _plain_grads(kind):

@@ -20,6 +20,8 @@ dist = pytest.importorskip("torch.distributed")
 if not dist.is_available():  # pragma: no cover - torch built without distributed
     pytest.skip("torch.distributed is not available", allow_module_level=True)
 
+from compiled_checks import fresh_dynamo  # noqa: E402,F401 (autouse)
+
 import slackswap  # noqa: E402
 from slackswap import Action  # noqa: E402
 from slackswap.compiled import carry_out  # noqa: E402
@@ -32,12 +34,6 @@ HARDWARE = "a100-80gb-pcie4"
 # slackswap at 0.3 of the peak on this hardware keeps, swaps and recomputes.
 CASES = {"swap": ("swap-only", 0.5), "recompute": ("full-recompute", 1.0), "mixed": ("slackswap", 0.3)}
 
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
 
 
 def sharded_gpt2():

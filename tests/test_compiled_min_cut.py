@@ -10,9 +10,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import torch._functorch.config as functorch_config  # noqa: E402
-from torch._dynamo.backends.common import aot_autograd  # noqa: E402
-from torch._dynamo.backends.debugging import boxed_nop  # noqa: E402
 from torch._functorch.partitioners import min_cut_rematerialization_partition  # noqa: E402
+
+from compiled_checks import fresh_dynamo, step_with_partition as _compile_step  # noqa: E402,F401 (fresh_dynamo: autouse)
 
 import slackswap  # noqa: E402
 from slackswap.compiled.carry_out import ACTIVATION, graph_recompute_flops  # noqa: E402
@@ -28,28 +28,6 @@ HARDWARE = slackswap.get_hardware("a100-80gb-pcie4")
 BATCH, WIDTH, HIDDEN = 4, 8, 16
 FLOAT_BYTES = 4
 
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
-
-def _decompositions():
-    from torch._inductor.compile_fx import select_decomp_table
-
-    return select_decomp_table()
-
-
-def _compile_step(model, batch, loss, partition_fn):
-    """One training step of ``model`` compiled with ``partition_fn`` on the decomposed joint graph
-    (as backend aot_eager_decomp_partition builds it); returns the gradients."""
-    backend = aot_autograd(fw_compiler=boxed_nop, bw_compiler=boxed_nop, decompositions=_decompositions,
-                           partition_fn=partition_fn)
-    compiled = torch.compile(model, backend=backend)
-    loss(compiled, batch).backward()
-    return [p.grad.clone() for p in model.parameters()]
 
 
 def _mlp():
