@@ -247,7 +247,6 @@ def test_window_booking_walks_only_what_a_copy_moves_and_answers_the_same(d2h, h
     import random
 
     from slackswap.planners.common import facts_for
-    from slackswap.planners.copies import WindowBooking, round_trip_fits
 
     n = 40
     w = chain(n, fwd_time_s=[0.2 + (i % 5) * 0.3 for i in range(n)], size_bytes=[30 + (7 * i) % 50 for i in range(n - 1)] + [1])
@@ -256,19 +255,35 @@ def test_window_booking_walks_only_what_a_copy_moves_and_answers_the_same(d2h, h
     rng = random.Random(7)
     answers = set()
     for trial in range(4):
-        booking, booked = WindowBooking(facts, hw), []
-        for name in rng.sample(list(facts.candidates), len(facts.candidates)):
-            for deadline in (facts.forward_time_s, None):
-                fits = booking.fits(name, out_deadline_s=deadline)
-                assert fits == round_trip_fits(facts, hw, booked + [name], out_deadline_s=deadline)
-                answers.add(fits)
-            if booking.fits(name, out_deadline_s=None) or rng.random() < 0.1 * trial:
-                booking.add(name)
-                booked.append(name)
-        whole = WindowBooking(facts, hw, booked)
-        fields = ("out_end_s", "out_waits", "back_end_s", "late", "waits", "slack_after", "use_s", "transfer_s", "tail_s")
-        assert [getattr(whole, f) for f in fields] == [getattr(booking, f) for f in fields]
+        answers |= _book_in_random_order_as_the_plain_walk(facts, hw, rng, 0.1 * trial)[0]
     assert answers == {True, False}
+
+
+_BOOKING_FIELDS = ("out_end_s", "out_waits", "out_transfer_s", "end_of", "back_end_s", "late", "waits",
+                   "slack_after", "use_s", "transfer_s", "tail_s")
+
+
+def _book_in_random_order_as_the_plain_walk(facts, hw, rng, also_late: float) -> tuple[set[bool], int]:
+    """Book swaps in a random order, those that fit and a share ``also_late`` of the others, checking
+    every answer of WindowBooking.fits against round_trip_fits (both deadlines) and the booking built
+    one swap at a time against one built from the whole list. The answers seen, and the longest
+    stretch of copies out that did not wait for their tensors."""
+    from slackswap.planners.copies import WindowBooking, round_trip_fits
+
+    answers, stretches = set(), 0
+    booking, booked = WindowBooking(facts, hw), []
+    for name in rng.sample(list(facts.candidates), len(facts.candidates)):
+        for deadline in (facts.forward_time_s, None):
+            fits = booking.fits(name, out_deadline_s=deadline)
+            assert fits == round_trip_fits(facts, hw, booked + [name], out_deadline_s=deadline)
+            answers.add(fits)
+        if booking.fits(name, out_deadline_s=None) or rng.random() < also_late:
+            booking.add(name)
+            booked.append(name)
+            stretches = max(stretches, max(map(len, booking.out_waits.split(b"\x01"))))
+    whole = WindowBooking(facts, hw, booked)
+    assert [getattr(whole, f) for f in _BOOKING_FIELDS] == [getattr(booking, f) for f in _BOOKING_FIELDS]
+    return answers, stretches
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -280,7 +295,6 @@ def test_window_booking_on_long_random_streams_answers_as_the_plain_walk(seed):
     import random
 
     from slackswap.planners.common import facts_for
-    from slackswap.planners.copies import WindowBooking, round_trip_fits
 
     rng = random.Random(seed)
     n = 90
@@ -289,22 +303,7 @@ def test_window_booking_on_long_random_streams_answers_as_the_plain_walk(seed):
     w = chain(n, fwd_time_s=fwd, size_bytes=[rng.randint(5, 60) for _ in range(n - 1)] + [1])
     hw = slow_link(d2h_bytes_per_s=rng.uniform(60.0, 200.0), h2d_bytes_per_s=rng.uniform(60.0, 200.0),
                    copy_latency_s=0.01, duplex_h2d_factor=0.5)
-    facts = facts_for(w)
-    answers, stretches = set(), 0
-    booking, booked = WindowBooking(facts, hw), []
-    for name in rng.sample(list(facts.candidates), len(facts.candidates)):
-        for deadline in (facts.forward_time_s, None):
-            fits = booking.fits(name, out_deadline_s=deadline)
-            assert fits == round_trip_fits(facts, hw, booked + [name], out_deadline_s=deadline)
-            answers.add(fits)
-        if booking.fits(name, out_deadline_s=None) or rng.random() < 0.3:
-            booking.add(name)
-            booked.append(name)
-            stretches = max(stretches, max(map(len, booking.out_waits.split(b"\x01"))))
-    whole = WindowBooking(facts, hw, booked)
-    fields = ("out_end_s", "out_waits", "out_transfer_s", "end_of", "back_end_s", "late", "waits", "slack_after",
-              "use_s", "transfer_s", "tail_s")
-    assert [getattr(whole, f) for f in fields] == [getattr(booking, f) for f in fields]
+    answers, stretches = _book_in_random_order_as_the_plain_walk(facts_for(w), hw, rng, 0.3)
     assert answers == {True, False}
     assert stretches > 16  # some stretch of copies out that do not wait outran the first walked stretch
 
