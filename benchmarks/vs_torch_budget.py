@@ -36,7 +36,9 @@ Writes a markdown table to benchmarks/results/vs-torch-budget.md (or ``--out``).
 is long on a small machine, so it can be run a model at a time: ``--rows FILE`` saves the rows
 of one run as JSON, and ``--merge FILE,FILE,...`` writes the table from saved rows without
 running anything (rows of one model and budget from runs of different ``--paths`` are joined). The
-committed table is every model at ``--budgets 0.2,0.4,0.6,0.8``.
+committed table is every model at ``--budgets 0.2,0.4,0.6,0.8``. One larger model, ``example-gpt2-medium`` (LARGER),
+is not in the default ``--models``: run alone with ``--paths compiled`` it fills its own section of the compiled
+table and leaves the other rows as they are (and a run of the others keeps its section).
 
     PYTHONPATH=src python benchmarks/vs_torch_budget.py [--models example-gpt2,hf-gpt2] [--budgets 0.3,0.5]
     PYTHONPATH=src python benchmarks/vs_torch_budget.py --models hf-bert --rows /tmp/hf-bert.json
@@ -331,7 +333,9 @@ def _table(rows, elapsed_s: float) -> str:
         cells = " | ".join(_cell(row[policy], row) for policy in POLICIES)
         lines.append(f"| {row['model']} | {row['budget']:.1f} | {row['torch_held'] / 1024:.1f} KiB | {extra:+.1f} % | "
                      f"{cells} |")
-    lines += _compiled_section(rows)
+    others = [row for row in rows if row["model"] != LARGER]
+    larger = [row for row in rows if row["model"] == LARGER]
+    lines += _compiled_section(others) + (_larger_section(larger) if larger else [])
     lines += [
         "",
         "What each side holds with nothing recomputed, and the least slackswap can hold:",
@@ -351,6 +355,7 @@ def _table(rows, elapsed_s: float) -> str:
 
 COMPILED_HEADING = "## The compiled path: the same joint graph"
 SUMMARY_HEADING = "What each side holds with nothing recomputed"
+LARGER_HEADING = "### A larger model: copies that end within the forward pass"
 
 
 def _compiled_section(rows) -> list[str]:
@@ -388,6 +393,13 @@ def _compiled_section(rows) -> list[str]:
         "plan meets in slackswap's model). Where the budget is at least the keep-all plan's peak, the keep-all plan "
         "is used.",
         "",
+    ]
+    return lines + _compiled_rows(rows)
+
+
+def _compiled_rows(rows) -> list[str]:
+    """The compiled path's table of ``rows`` and its counts."""
+    lines = [
         "| model | torch budget | torch held | torch bwd FLOPs | torch simulated | recompute-optimal held | its bwd "
         "FLOPs | its throughput | slackswap held | its bwd FLOPs | its throughput | fewest FLOPs holding torch's "
         "bytes: held | its bwd FLOPs | its throughput | recompute-optimal holding torch's bytes: held | its bwd "
@@ -428,12 +440,32 @@ def _compiled_section(rows) -> list[str]:
     return lines
 
 
+def _larger_section(rows) -> list[str]:
+    lines = ["", LARGER_HEADING, "",
+             f"{LARGER}: the example GPT-2 with vocab {MEDIUM.vocab}, sequence {MEDIUM.seq_len}, "
+             f"hidden {MEDIUM.hidden}, "
+             f"{MEDIUM.heads} heads, {MEDIUM.layers} layers, FFN {MEDIUM.ffn}, batch {MEDIUM.micro_batch} (dropout "
+             f"{MEDIUM.dropout}), large enough that a copy out can end before the forward pass does; run alone "
+             "(`--models example-gpt2-medium --paths compiled`), its rows added here without re-running the models "
+             "above. Columns and counts as above, over its rows alone.", ""]
+    return lines + _compiled_rows(rows)
+
+
 def _splice_compiled(old_text: str, rows) -> str:
     """``old_text`` (a committed table) with its compiled section replaced by ``rows``' (a run of
-    --paths compiled alone, which leaves the eager section and the summary from their own run)."""
+    --paths compiled alone, which leaves the eager section and the summary from their own run). LARGER's
+    rows have their own section: a run with no row of it keeps its section, a run of it alone keeps the rest."""
+    end = old_text.index(SUMMARY_HEADING)
+    larger_at = old_text.find(LARGER_HEADING)
+    main_end = larger_at if larger_at >= 0 else end
+    others = [row for row in rows if row["model"] != LARGER]
+    larger = [row for row in rows if row["model"] == LARGER]
     head = old_text[:old_text.index(COMPILED_HEADING)].rstrip("\n").split("\n")
-    tail = old_text[old_text.index(SUMMARY_HEADING):]
-    return "\n".join(head + _compiled_section(rows) + ["", ""]) + tail
+    main = (_compiled_section(others) if others
+            else ["", *old_text[old_text.index(COMPILED_HEADING):main_end].rstrip("\n").split("\n")])
+    extra = (_larger_section(larger) if larger
+             else ["", *old_text[larger_at:end].rstrip("\n").split("\n")] if larger_at >= 0 else [])
+    return "\n".join(head + main + extra + ["", ""]) + old_text[end:]
 
 
 if __name__ == "__main__":
