@@ -35,7 +35,6 @@ from slackswap.compiled.graph_workload import build_graph_workload
 from slackswap.compiled.min_cut import in_forward, plan_of_saved_set, zero_flop_cut
 from slackswap.compiled.partition import PlanningPartitioner
 from slackswap.errors import BudgetError
-from slackswap.plans import Action
 from slackswap.schedule import make_plan
 from slackswap.sim import simulate
 
@@ -179,41 +178,20 @@ FEWEST_FLOPS = "fewest FLOPs holding torch's bytes"
 """slackswap.compiled.fewest_flops on the min-cut candidates widened with torch's own saved set at the
 row's budget (PlanningPartitioner(objective="flops", torch_budget=...))."""
 MIXED = "mixed holding torch's bytes"
-"""slackswap.compiled.mixed_held from the fewest-FLOPs plan and torch's own plan, swaps allowed, what each
+"""slackswap.compiled.mixed_held from the fewest-FLOPs plan, torch's own plan and recompute-optimal's plan
+holding those bytes, swaps allowed, what each
 graph holds when its forward pass ends at most torch's bytes there (PlanningPartitioner(objective="mixed",
 torch_budget=...))."""
-HOLDING_STEPS = 10
-"""Bisection steps of ``holding_plan`` (the budget to 1/1024 of the range searched)."""
 
 
 def holding_plan(workload, held_bytes: int, hardware):
-    """`recompute-optimal`'s plan for the largest budget (bisected, HOLDING_STEPS steps from the
-    least any plan reaches) whose kept tensors and step inputs, what it holds when the forward pass
-    ends, are at most ``held_bytes`` (a refusal counts as not holding them):
-    slackswap's budget bounds the peak over the whole step, torch's figure is what it holds at the
-    boundary, so this is the plan that holds what torch holds."""
-    from slackswap.planners import minimum_budget_bytes
-    from slackswap.sim import simulate_ideal
+    """`recompute-optimal`'s plan for the largest budget whose kept tensors and step inputs, what it
+    holds when the forward pass ends, are at most ``held_bytes``
+    (slackswap.compiled.recompute_holding): slackswap's budget bounds the peak over the whole step,
+    torch's figure is what it holds at the boundary, so this is the plan that holds what torch holds."""
+    from slackswap.compiled.recompute_holding import recompute_plan_holding
 
-    inputs = sum(t.size_bytes for t in workload.saved_tensors if t.producer is None)
-
-    def holding(budget):
-        """(the plan if it holds at most held_bytes, whether the policy refused the budget)."""
-        try:
-            plan = slackswap.plan(workload, budget=budget, policy="recompute-optimal", hardware=hardware)
-        except BudgetError:
-            return None, True
-        return (plan if plan.bytes_with(workload, Action.KEEP) + inputs <= held_bytes else None), False
-
-    low, high = minimum_budget_bytes(workload), simulate_ideal(workload, hardware).peak_memory_bytes
-    best, _ = holding(low)
-    for _ in range(HOLDING_STEPS):
-        middle = (low + high) // 2
-        plan, refused = holding(middle)
-        if plan is not None or refused:  # refused: recompute-only plans need more; look higher
-            best, low = plan or best, middle
-        else:
-            high = middle
+    best = recompute_plan_holding(workload, hardware, held_bytes)
     if best is None:
         raise NoPlan("none found")
     return best

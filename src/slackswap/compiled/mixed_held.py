@@ -5,7 +5,8 @@ A swapped tensor's host copy is not held on the device at the forward/backward b
 recomputed tensor into a swapped one costs no bytes held there, only copy time the simulator may hide
 behind compute, as long as the copy out is done by the end of the forward pass (a plan whose copy
 out ends later holds those bytes there and is not taken). The search is a descent from given recompute-only plans that fit the budget (the
-fewest-FLOPs plan, and PyTorch's own plan where the partitioner knows it): pass over the candidates,
+fewest-FLOPs plan, PyTorch's own plan where the partitioner knows it, and recompute-optimal's plan for
+the largest budget holding at most the bytes, recompute_holding.py): pass over the candidates,
 trying for each the other actions (a recomputed or swapped tensor kept only where the bytes held still
 fit), and take a change only where the simulated step gets shorter; stop when a pass changes nothing.
 Each start plan is itself a candidate result, so the plan returned simulates at least as fast as every

@@ -20,6 +20,7 @@ from .graph_workload import GraphWorkload, build_graph_workload, tag_untagged_ba
 from .fewest_flops import rebuild_chains, recompute_flops
 from .min_cut import budget_cut, plan_of_saved_set, twins, zero_flop_cut
 from .mixed_held import mixed_held_plan
+from .recompute_holding import recompute_plan_holding
 
 SAVED_SETS = ("autograd", "min-cut")
 OBJECTIVES = ("time", "flops", "mixed")
@@ -77,8 +78,9 @@ class PlanningPartitioner:
         node once, kept until its last use, as PyTorch's partitioner does (fewest_flops.py's count);
         "mixed": the same bound on what is held when the forward pass ends, the plan the fastest found in
         the simulator with swaps and recomputes mixed (mixed_held.py), descending from ``make_plan``'s
-        recompute-only plan (whose info gives the bound, "held_budget_bytes") and, with torch_budget, from
-        PyTorch's own plan; re-run nodes are run once as with "flops"."""
+        recompute-only plan (whose info gives the bound, "held_budget_bytes"), from recompute-optimal's plan
+        holding at most that bound (recompute_holding.py) and, with torch_budget, from PyTorch's own plan;
+        re-run nodes are run once as with "flops"."""
         self.torch_budget = torch_budget
         """Where set, the candidates also hold what PyTorch's own plan at activation_memory_budget =
         torch_budget saves (min_cut.budget_cut), so that plan is one of the space's."""
@@ -139,6 +141,9 @@ class PlanningPartitioner:
             torch_plan = plan_of_saved_set(graph_workload, set(torch_saved), twin_of=twins(joint))
             if torch_plan is not None:
                 starts.append(torch_plan)
+        recompute_plan = recompute_plan_holding(graph_workload.workload, self.hardware, budget)
+        if recompute_plan is not None:
+            starts.append(recompute_plan)
         return mixed_held_plan(graph_workload.workload, self.hardware, budget, starts)
 
     def _plan_recompute_flops(self, workload: Workload, plan: Plan) -> float:
