@@ -385,7 +385,7 @@ def _compiled_section(rows) -> list[str]:
         "most torch's bytes in that graph, so that both hold the same. mixed holding torch's bytes: "
         "`PlanningPartitioner(objective=\"mixed\", torch_budget=<the row's budget>)`, the fastest plan in the "
         "simulator (`slackswap.compiled.mixed_held`, a descent over keep / swap / recompute from the fewest-FLOPs "
-        "plan and from torch's own plan) with what each graph holds when its forward pass ends at most torch's "
+        "plan, from torch's own plan and from recompute-optimal holding torch's bytes) with what each graph holds when its forward pass ends at most torch's "
         "bytes there; a swapped tensor counts as not held only if the simulator ends its copy out before the "
         "forward pass ends. recompute-optimal at torch's peak: planned, "
         "graph by graph, for the peak "
